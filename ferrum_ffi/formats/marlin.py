@@ -1,0 +1,341 @@
+"""The Marlin INT4 weight layout, produced and undone on the host with NumPy.
+
+What the layout is
+==================
+The logical weight is ``W[k, n]`` (``k`` = input feature, ``K`` rows; ``n`` =
+output feature, ``N`` columns) stored as 4-bit codes ``q[k, n]`` in 0..15 with
+the symmetric zero point 8, so ``W = (q - 8) * s[group(k), n]``.
+
+1. **Tiles.** ``q`` is cut into 16x16 tiles. Tile-rows run along K; inside a
+   tile-row the tiles run along N; inside a tile the 16 K-rows x 16 N-columns
+   are row-major. One tile-row therefore becomes one row of ``16 * N`` values,
+   giving ``[K/16, 16*N]``.
+2. **Lane fragments.** Each run of 1024 values (four tiles adjacent along N,
+   i.e. 64 output columns) is reordered lane by lane for lanes 0..31. Lane
+   ``l`` takes column ``c = l // 4`` and rows ``r = 2*(l % 4) + {0, 1, 8, 9}``
+   of each tile -- the fragment ownership of ``mma.m16n8k16`` -- as
+   ``tile t: [q(r0..r3, c), q(r0..r3, c + 8)]`` for ``t = 0..3``: 32 values.
+3. **Nibble interleave.** Every group of 8 values is reordered to
+   ``[0, 2, 4, 6, 1, 3, 5, 7]`` (``new[i] = old[interleave[i]]``) and packed
+   into one 32-bit word, value ``i`` at bits ``4i .. 4i+3``.
+
+The buffer is int32 ``[K/16, 2*N]``: 64 columns of one tile-row are exactly
+128 words, so a column slice starting at a multiple of 64 is a plain pointer
+offset of ``2 * col0`` words (``ferrum_marlin.h`` relies on this).
+
+Scales (fp16, ``[K/group_size, N]`` or ``[1, N]`` for channelwise,
+``group_size == -1``) are permuted along N per row:
+
+* grouped, per 64 columns: ``new[8i + j] = old[i + 8j]``;
+* channelwise, per 32 columns: ``new = old[perm32]`` with
+  ``perm32 = [2i + o for i in 0..3 for o in (0, 1, 8, 9, 16, 17, 24, 25)]``.
+
+Why the kernel wants it
+=======================
+The kernel (``native/src/core/dequant.cuh``, ``native/src/dense/``) is
+memory-bound at small batch, so the weight must arrive with one wide, fully
+coalesced load and turn into tensor-core operands with no shuffling:
+
+* After step 2 a lane's values for one 16-deep K step of a 64-column chunk are
+  32 consecutive nibbles = one 16-byte ``int4`` load, and the 32 lanes of a
+  warp read 512 contiguous bytes. Each lane holds exactly the values its MMA
+  fragments need, so no ``ldmatrix``/shared-memory transpose is required for
+  the weight.
+* After step 3 word nibbles ``(0, 4)`` are ``q(r, c), q(r+1, c)``, ``(1, 5)``
+  are rows ``r+8, r+9``, and after an 8-bit shift ``(2, 6)``/``(3, 7)`` are the
+  same rows at column ``c + 8``. A single ``lop3`` with mask ``0x000f000f`` (or
+  ``0x00f000f0``) OR the fp16 exponent of 1024 turns a pair into a ``half2``
+  ``1024 + q`` (or ``1024 + 16q``) in both halves at once -- one fragment
+  register of two consecutive-K values -- and one ``hsub2``/``hfma2`` removes
+  the bias and the zero point. Four such registers per word, no byte permutes.
+* Grouped scales: lane ``l`` touches columns ``c + 8j`` (j = 0..7) of a
+  64-column chunk; after the permutation those 8 scales are contiguous, so a
+  lane fetches them with one 16-byte load, pairs ``(c, c+8)`` per tile.
+* Channelwise scales are applied to the accumulators at the end. An output
+  fragment of lane ``l`` covers columns ``2(l%4) + {0, 1}`` of each 8-column
+  tile, so the permutation puts those pairs of a 32-column span side by side
+  (column ``8a + e`` lands at ``8*(e//2) + 2a + e%2``) for ``half2`` loads.
+
+Implementation
+==============
+Steps 1-3 compose to one fixed gather per 16x64 block, precomputed at import
+(``_PACK_*``). Packing gathers the even and odd nibbles of every byte with that
+index, ORs them into bytes and reinterprets 4 little-endian bytes as a word;
+unpacking scatters them back. Large matrices are processed a few tile-rows at
+a time so temporaries stay cache-sized and memory stays ~1x the output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ferrum_ffi.status import ArgumentError, ArgumentTypeError
+
+__all__ = [
+    "marlin_pack_int4",
+    "marlin_unpack_int4",
+    "marlin_permute_scales",
+    "marlin_unpermute_scales",
+]
+
+TILE = 16
+"""Edge of one MMA tile, in K rows and N columns."""
+CHUNK_COLUMNS = 64
+"""Output columns served by one warp per K step: four tiles along N."""
+_RUN_VALUES = TILE * CHUNK_COLUMNS
+_NIBBLE_INTERLEAVE = np.array([0, 2, 4, 6, 1, 3, 5, 7], dtype=np.intp)
+# Work on ~2 Mi values per step: big enough to amortise NumPy call overhead,
+# small enough that the temporaries of a step stay in the last-level cache.
+_STEP_VALUES = 1 << 21
+
+
+# --------------------------------------------------------------------------
+# Input validation, shared by the sibling modules of this package.
+# --------------------------------------------------------------------------
+def _check_ndarray(fn: str, name: str, value: object) -> np.ndarray:
+    """Reject non-arrays up front: silent ``np.asarray`` of a list or tensor
+    would hide dtype mistakes that matter bit-for-bit here."""
+    if not isinstance(value, np.ndarray):
+        raise ArgumentTypeError(
+            f"{fn}: {name} must be a numpy.ndarray, got {type(value).__name__}"
+        )
+    return value
+
+
+def _check_ndim(fn: str, name: str, a: np.ndarray, ndim: int) -> None:
+    if a.ndim != ndim:
+        raise ArgumentError(f"{fn}: {name} must be {ndim}-D, got shape {a.shape}")
+
+
+def _check_integer_dtype(fn: str, name: str, a: np.ndarray, itemsize: int | None = None) -> None:
+    """Codes and packed words must be integers; packed words must be 32-bit
+    because the layout is defined in 32-bit words."""
+    if a.dtype.kind not in "iu" or (itemsize is not None and a.dtype.itemsize != itemsize):
+        want = "a 32-bit integer dtype (int32/uint32)" if itemsize == 4 else "an integer dtype"
+        raise ArgumentTypeError(f"{fn}: {name} must have {want}, got {a.dtype}")
+
+
+def _check_float_dtype(fn: str, name: str, a: np.ndarray) -> None:
+    if a.dtype.kind != "f":
+        raise ArgumentTypeError(f"{fn}: {name} must have a floating dtype, got {a.dtype}")
+
+
+def _check_size(fn: str, name: str, value: object, multiple: int = 1) -> int:
+    """A dimension argument: a positive int, a multiple of what the layout tiles by."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentTypeError(f"{fn}: {name} must be an int, got {type(value).__name__}")
+    value = int(value)
+    if value <= 0:
+        raise ArgumentError(f"{fn}: {name}={value} must be positive")
+    if value % multiple:
+        raise ArgumentError(f"{fn}: {name}={value} must be a multiple of {multiple}")
+    return value
+
+
+def _check_group_size(fn: str, group_size: object) -> int:
+    """-1 means one scale row for all of K (channelwise); otherwise positive."""
+    if isinstance(group_size, (bool, np.bool_)) or not isinstance(group_size, (int, np.integer)):
+        raise ArgumentTypeError(
+            f"{fn}: group_size must be an int, got {type(group_size).__name__}"
+        )
+    group_size = int(group_size)
+    if group_size != -1 and group_size <= 0:
+        raise ArgumentError(f"{fn}: group_size={group_size} must be -1 or positive")
+    return group_size
+
+
+def _check_shape(fn: str, name: str, a: np.ndarray, expected: tuple[int, ...], why: str) -> None:
+    if a.shape != expected:
+        raise ArgumentError(f"{fn}: {name} must have shape {expected} ({why}), got {a.shape}")
+
+
+def _check_codes(fn: str, name: str, codes: object) -> np.ndarray:
+    """Codes are 2-D integers in 0..15; anything else would be silently
+    truncated to a different nibble by the packer."""
+    codes = _check_ndarray(fn, name, codes)
+    _check_integer_dtype(fn, name, codes)
+    _check_ndim(fn, name, codes, 2)
+    if codes.size:
+        low = 0 if codes.dtype.kind == "u" else int(codes.min())
+        high = int(codes.max())
+        if low < 0 or high > 15:
+            raise ArgumentError(
+                f"{fn}: {name} values must be in 0..15, got range {low}..{high}"
+            )
+    return codes
+
+
+def _check_scales(fn: str, name: str, scales: object) -> np.ndarray:
+    scales = _check_ndarray(fn, name, scales)
+    _check_float_dtype(fn, name, scales)
+    _check_ndim(fn, name, scales, 2)
+    return scales
+
+
+def _to_float16_finite(fn: str, name: str, scales: np.ndarray) -> np.ndarray:
+    """The kernel reads fp16; a value that overflows (or is NaN) would poison
+    every output column it touches, so refuse it here, where it is traceable."""
+    s16 = scales.astype(np.float16)
+    if not np.isfinite(s16).all():
+        raise ArgumentError(f"{fn}: {name} must be finite in float16 (|s| <= 65504)")
+    return s16
+
+
+def _little_endian_bytes(words: np.ndarray) -> np.ndarray:
+    """Bytes of 32-bit words in little-endian order, whatever the host: the
+    layout puts value i at bits 4i, so byte j always holds values 2j, 2j+1."""
+    le = np.ascontiguousarray(words, dtype=words.dtype.newbyteorder("<"))
+    return le.view(np.uint8)
+
+
+def _words_from_bytes(nibble_pairs: np.ndarray) -> np.ndarray:
+    """Inverse of _little_endian_bytes for a contiguous uint8 array whose last
+    axis is a multiple of 4; returns native int32."""
+    return nibble_pairs.view("<i4").astype(np.int32, copy=False)
+
+
+# --------------------------------------------------------------------------
+# Permutations, built once at import.
+# --------------------------------------------------------------------------
+def _build_run_order() -> np.ndarray:
+    """For each position of a packed 1024-value run, the index of its value in
+    the step-1 run (``tile*256 + row*16 + col``), steps 2 and 3 composed."""
+    lane = np.arange(32)[:, None, None, None]
+    tile = np.arange(4)[None, :, None, None]
+    half = np.arange(2)[None, None, :, None]
+    row_offset = np.array([0, 1, 8, 9])[None, None, None, :]
+    row = 2 * (lane % 4) + row_offset
+    col = lane // 4 + 8 * half
+    fragments = (tile * TILE * TILE + row * TILE + col).reshape(-1)  # (lane, tile, half, row)
+    return fragments.reshape(-1, 8)[:, _NIBBLE_INTERLEAVE].reshape(-1)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.intp)
+    a.setflags(write=False)
+    return a
+
+
+_RUN_ORDER = _frozen(_build_run_order())
+# The packer never materialises step 1: it gathers straight from a [16, 64]
+# block of q (rows of the tile-row, the 64 columns of the run).
+_BLOCK_ROW = (_RUN_ORDER // TILE) % TILE
+_BLOCK_COL = (_RUN_ORDER // (TILE * TILE)) * TILE + _RUN_ORDER % TILE
+# Even positions are the low nibble of a byte, odd positions the high nibble.
+_PACK_LO_ROW = _frozen(_BLOCK_ROW[0::2])
+_PACK_LO_COL = _frozen(_BLOCK_COL[0::2])
+_PACK_HI_ROW = _frozen(_BLOCK_ROW[1::2])
+_PACK_HI_COL = _frozen(_BLOCK_COL[1::2])
+
+_SCALE_PERM_GROUPED = _frozen(np.arange(64).reshape(8, 8).T.reshape(-1))
+_SCALE_PERM_CHANNELWISE = _frozen(
+    (2 * np.arange(4)[:, None] + np.array([0, 1, 8, 9, 16, 17, 24, 25])[None, :]).reshape(-1)
+)
+_SCALE_UNPERM_GROUPED = _frozen(np.argsort(_SCALE_PERM_GROUPED))
+_SCALE_UNPERM_CHANNELWISE = _frozen(np.argsort(_SCALE_PERM_CHANNELWISE))
+
+
+# --------------------------------------------------------------------------
+# Core transforms on whole tile-rows (no validation: callers have done it).
+# --------------------------------------------------------------------------
+def _tile_rows_per_step(n: int) -> int:
+    return max(1, _STEP_VALUES // (TILE * n))
+
+
+def _pack_tile_rows(codes: np.ndarray) -> np.ndarray:
+    """uint8 codes [16*t, N] (values 0..15) -> int32 words [t, 2N]."""
+    rows, n = codes.shape
+    t, runs = rows // TILE, n // CHUNK_COLUMNS
+    blocks = codes.reshape(t, TILE, runs, CHUNK_COLUMNS).transpose(0, 2, 1, 3)
+    low = blocks[:, :, _PACK_LO_ROW, _PACK_LO_COL]  # [t, runs, 512], a fresh array
+    high = blocks[:, :, _PACK_HI_ROW, _PACK_HI_COL]
+    np.left_shift(high, 4, out=high)
+    np.bitwise_or(low, high, out=low)
+    return _words_from_bytes(low).reshape(t, 2 * n)
+
+
+def _unpack_tile_rows(words: np.ndarray) -> np.ndarray:
+    """int32 words [t, 2N] -> uint8 codes [16*t, N]."""
+    t, n = words.shape[0], words.shape[1] // 2
+    runs = n // CHUNK_COLUMNS
+    pairs = _little_endian_bytes(words).reshape(t, runs, _RUN_VALUES // 2)
+    codes = np.empty((t * TILE, n), dtype=np.uint8)
+    blocks = codes.reshape(t, TILE, runs, CHUNK_COLUMNS).transpose(0, 2, 1, 3)
+    blocks[:, :, _PACK_LO_ROW, _PACK_LO_COL] = pairs & 0x0F
+    blocks[:, :, _PACK_HI_ROW, _PACK_HI_COL] = pairs >> 4
+    return codes
+
+
+def _check_marlin_packed(fn: str, packed: object, k: object, n: object) -> tuple[np.ndarray, int, int]:
+    k = _check_size(fn, "k", k, TILE)
+    n = _check_size(fn, "n", n, CHUNK_COLUMNS)
+    packed = _check_ndarray(fn, "packed", packed)
+    _check_integer_dtype(fn, "packed", packed, itemsize=4)
+    _check_ndim(fn, "packed", packed, 2)
+    _check_shape(fn, "packed", packed, (k // TILE, 2 * n), "[k/16, 2n]")
+    return packed, k, n
+
+
+# --------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------
+def marlin_pack_int4(codes: np.ndarray) -> np.ndarray:
+    """Pack INT4 codes ``[K, N]`` (0..15, zero point 8) into the Marlin buffer
+    int32 ``[K/16, 2N]``. K must be a multiple of 16 and N of 64 because the
+    layout is made of 16x16 tiles taken four at a time along N."""
+    fn = "marlin_pack_int4"
+    codes = _check_codes(fn, "codes", codes)
+    k, n = codes.shape
+    _check_size(fn, "codes.shape[0]", k, TILE)
+    _check_size(fn, "codes.shape[1]", n, CHUNK_COLUMNS)
+    packed = np.empty((k // TILE, 2 * n), dtype=np.int32)
+    step = _tile_rows_per_step(n)
+    for t0 in range(0, k // TILE, step):
+        t1 = min(k // TILE, t0 + step)
+        rows = codes[t0 * TILE : t1 * TILE].astype(np.uint8, copy=False)
+        packed[t0:t1] = _pack_tile_rows(rows)
+    return packed
+
+
+def marlin_unpack_int4(packed: np.ndarray, k: int, n: int) -> np.ndarray:
+    """Exact inverse of :func:`marlin_pack_int4`: int32 ``[k/16, 2n]`` -> uint8
+    codes ``[k, n]``. ``k`` and ``n`` are explicit so a buffer of the wrong
+    shape is caught instead of being reinterpreted."""
+    packed, k, n = _check_marlin_packed("marlin_unpack_int4", packed, k, n)
+    codes = np.empty((k, n), dtype=np.uint8)
+    step = _tile_rows_per_step(n)
+    for t0 in range(0, k // TILE, step):
+        t1 = min(k // TILE, t0 + step)
+        codes[t0 * TILE : t1 * TILE] = _unpack_tile_rows(packed[t0:t1])
+    return codes
+
+
+def _scale_permutation(fn: str, scales: object, group_size: object, inverse: bool) -> np.ndarray:
+    scales = _check_scales(fn, "scales", scales)
+    group_size = _check_group_size(fn, group_size)
+    rows, n = scales.shape
+    if group_size == -1:
+        _check_size(fn, "scales.shape[0]", rows)
+        if rows != 1:
+            raise ArgumentError(
+                f"{fn}: scales.shape[0]={rows} must be 1 for channelwise (group_size=-1)"
+            )
+        perm = _SCALE_UNPERM_CHANNELWISE if inverse else _SCALE_PERM_CHANNELWISE
+    else:
+        _check_size(fn, "scales.shape[0]", rows)
+        perm = _SCALE_UNPERM_GROUPED if inverse else _SCALE_PERM_GROUPED
+    _check_size(fn, "scales.shape[1]", n, CHUNK_COLUMNS)
+    s16 = _to_float16_finite(fn, "scales", scales)
+    return s16.reshape(rows, n // perm.size, perm.size)[:, :, perm].reshape(rows, n)
+
+
+def marlin_permute_scales(scales: np.ndarray, group_size: int) -> np.ndarray:
+    """Scales ``[K/group_size, N]`` (or ``[1, N]`` when ``group_size == -1``)
+    -> fp16 of the same shape in the order the kernel loads them (module doc).
+    N must be a multiple of 64, the kernel's column granularity."""
+    return _scale_permutation("marlin_permute_scales", scales, group_size, inverse=False)
+
+
+def marlin_unpermute_scales(scales: np.ndarray, group_size: int) -> np.ndarray:
+    """Inverse of :func:`marlin_permute_scales` (fp16, same shape)."""
+    return _scale_permutation("marlin_unpermute_scales", scales, group_size, inverse=True)

@@ -1,0 +1,211 @@
+// marlin_cuda: the W4A16 entry point. Validates every argument, picks a tile,
+// and launches once per group of up to max_par activation slabs.
+#include <stdint.h>
+
+#include <algorithm>
+
+#include "../status.h"
+#include "w4a16.h"
+#include "w4a16_tiles.h"
+
+namespace ferrum::w4a16 {
+
+namespace {
+
+constexpr const char* kEntry = "marlin_cuda";
+
+int slab_m8(int m) {
+  if (m <= 8) return 1;
+  if (m <= 16) return 2;
+  if (m <= 32) return 4;
+  return 8;
+}
+
+template <template <int, NConfig> class Shape>
+TileInfo info_of(int m8, NConfig nc) {
+  auto make = [](auto tag) {
+    using T = decltype(tag);
+    return TileInfo{T::m_rows, T::n_tile, T::k_tile, T::smem_bytes};
+  };
+  switch (nc) {
+    case NConfig::N128_K128:
+      switch (m8) {
+        case 1: return make(Shape<1, NConfig::N128_K128>{});
+        case 2: return make(Shape<2, NConfig::N128_K128>{});
+        case 4: return make(Shape<4, NConfig::N128_K128>{});
+        default: return make(Shape<8, NConfig::N128_K128>{});
+      }
+    case NConfig::N256_K64:
+      switch (m8) {
+        case 1: return make(Shape<1, NConfig::N256_K64>{});
+        case 2: return make(Shape<2, NConfig::N256_K64>{});
+        case 4: return make(Shape<4, NConfig::N256_K64>{});
+        default: return make(Shape<8, NConfig::N256_K64>{});
+      }
+    case NConfig::N64_K128:
+    default:
+      switch (m8) {
+        case 1: return make(Shape<1, NConfig::N64_K128>{});
+        case 2: return make(Shape<2, NConfig::N64_K128>{});
+        case 4: return make(Shape<4, NConfig::N64_K128>{});
+        default: return make(Shape<8, NConfig::N64_K128>{});
+      }
+  }
+}
+
+// The automatic choice: small slabs keep 128x128 weight tiles (many columns,
+// short k runs, cheap reductions); 64-row slabs prefer 256 columns per tile,
+// which halves the activation traffic per weight byte.
+NConfig auto_config(int m8, int n) {
+  if (m8 == 8 && n % 256 == 0) return NConfig::N256_K64;
+  if (n % 128 == 0) return NConfig::N128_K128;
+  return NConfig::N64_K128;
+}
+
+// (thread_k, thread_n) as the original kernel names them.
+bool forced_config(int thread_k, int thread_n, NConfig* nc) {
+  if (thread_k == 128 && thread_n == 128) *nc = NConfig::N128_K128;
+  else if (thread_k == 64 && thread_n == 256) *nc = NConfig::N256_K64;
+  else if (thread_k == 128 && thread_n == 64) *nc = NConfig::N64_K128;
+  else return false;
+  return true;
+}
+
+cudaError_t launch_any(int m8, NConfig nc, const Args& args, int grid, cudaStream_t stream, int dev,
+                       int* stage) {
+  switch (m8) {
+    case 1: return launch_m8<1>(nc, args, grid, stream, dev, stage);
+    case 2: return launch_m8<2>(nc, args, grid, stream, dev, stage);
+    case 4: return launch_m8<4>(nc, args, grid, stream, dev, stage);
+    default: return launch_m8<8>(nc, args, grid, stream, dev, stage);
+  }
+}
+
+int invalid(const char* fmt, int a, int b = 0) {
+  return fail(FERRUM_STAGE_ARGUMENT, FERRUM_STATUS_INVALID_VALUE, fmt, kEntry, a, b);
+}
+
+int bad_shape(const char* fmt, int a, int b = 0) {
+  return fail(FERRUM_STAGE_SHAPE, FERRUM_STATUS_INVALID_VALUE, fmt, kEntry, a, b);
+}
+
+}  // namespace
+
+TileInfo tile_info(int m8, NConfig nc) { return info_of<Tile>(m8, nc); }
+
+int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int prob_n, int prob_k,
+         void* workspace, int groupsize, int dev, cudaStream_t stream, int thread_k, int thread_n,
+         int sms, int max_par, int prob_n_full) {
+  clear_error();
+  // ---- arguments, before anything touches the device
+  if (prob_m < 0) return invalid("%s: prob_m=%d must be >= 0", prob_m);
+  if (prob_n <= 0) return invalid("%s: prob_n=%d must be > 0", prob_n);
+  if (prob_k <= 0) return invalid("%s: prob_k=%d must be > 0", prob_k);
+  if (max_par < 1) return invalid("%s: max_par=%d must be >= 1", max_par);
+  if (sms != -1 && sms < 1) return invalid("%s: sms=%d must be -1 (all) or >= 1", sms);
+  if (dev < 0) return invalid("%s: dev=%d must be a device ordinal >= 0", dev);
+  if (prob_n % 64 != 0) return bad_shape("%s: prob_n=%d must be divisible by 64", prob_n);
+  if (prob_k % 128 != 0) return bad_shape("%s: prob_k=%d must be divisible by 128", prob_k);
+  if (groupsize != -1 && groupsize != 128)
+    return bad_shape("%s: groupsize=%d must be -1 (channelwise) or 128", groupsize);
+  const int n_full = prob_n_full == -1 ? prob_n : prob_n_full;
+  if (n_full < prob_n || n_full % 64 != 0)
+    return bad_shape("%s: prob_n_full=%d must be -1 or a multiple of 64 that is >= prob_n=%d",
+                     prob_n_full, prob_n);
+  NConfig nc = NConfig::N128_K128;
+  const bool forced = !(thread_k == -1 && thread_n == -1);
+  if (forced && !forced_config(thread_k, thread_n, &nc))
+    return bad_shape("%s: (thread_k=%d, thread_n=%d) must be (-1,-1), (128,128), (64,256) or (128,64)",
+                     thread_k, thread_n);
+  if (prob_m == 0) return 0;
+  if (int st = check_pointer(kEntry, "A", A, 16)) return st;
+  if (int st = check_pointer(kEntry, "B", B, 16)) return st;
+  if (int st = check_pointer(kEntry, "C", C, 16)) return st;
+  if (int st = check_pointer(kEntry, "s", s, 16)) return st;
+  if (int st = check_pointer(kEntry, "workspace", workspace, 4)) return st;
+
+  const int m8 = slab_m8(prob_m);
+  if (!forced) nc = auto_config(m8, prob_n);
+  const TileInfo tile = tile_info(m8, nc);
+  if (prob_n % tile.n_tile != 0)
+    return bad_shape("%s: prob_n=%d is not a multiple of the tile width %d", prob_n, tile.n_tile);
+  if (prob_k % tile.k_tile != 0)
+    return bad_shape("%s: prob_k=%d is not a multiple of the tile depth %d", prob_k, tile.k_tile);
+  const int n_tiles = prob_n / tile.n_tile;
+  const int k_tiles = prob_k / tile.k_tile;
+  // The documented workspace is max(1, n/128) * max_par locks; one lock per
+  // column tile per slab in flight.
+  const int64_t lock_slots = static_cast<int64_t>(std::max(1, prob_n / 128)) * max_par;
+  const int64_t par_limit = std::min<int64_t>(max_par, lock_slots / n_tiles);
+  if (par_limit < 1)
+    return bad_shape("%s: a workspace of max(1, n/128)*max_par locks cannot cover %d column tiles "
+                     "(max_par=%d); raise max_par",
+                     n_tiles, max_par);
+  if (static_cast<int64_t>(par_limit) * n_tiles * k_tiles > INT32_MAX)
+    return bad_shape("%s: problem too large: %d column tiles x %d k tiles", n_tiles, k_tiles);
+
+  // ---- device
+  int dev_sms = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_SM_COUNT, err, "marlin_cuda: multiprocessor count");
+  DeviceGuard guard;
+  if (int st = guard.enter(kEntry, dev)) return st;
+  int cc_major = 0;
+  err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_DEVICE, err, "marlin_cuda: compute capability");
+  if (cc_major < 8)
+    return fail(FERRUM_STAGE_DEVICE, cudaErrorNoKernelImageForDevice,
+                "marlin_cuda: device %d has compute capability %d.x; sm_80 or newer is required", dev,
+                cc_major);
+  int max_smem = 0;
+  err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_MAX_SHARED_MEMORY, err, "marlin_cuda: shared memory");
+  if (static_cast<size_t>(max_smem) < tile.smem_bytes)
+    return fail(FERRUM_STAGE_MAX_SHARED_MEMORY, cudaErrorInvalidConfiguration,
+                "marlin_cuda: tile needs %zu bytes of shared memory, device %d offers %d",
+                tile.smem_bytes, dev, max_smem);
+  const int use_sms = (sms == -1 || sms > dev_sms) ? dev_sms : sms;
+
+  // ---- launches: each covers up to par_limit slabs of tile.m_rows rows
+  const int rows_per_launch = static_cast<int>(std::min<int64_t>(
+      par_limit * tile.m_rows, static_cast<int64_t>(INT32_MAX / 2)));
+  const auto* a_bytes = static_cast<const char*>(A);
+  auto* c_bytes = static_cast<char*>(C);
+  for (int row0 = 0; row0 < prob_m; row0 += rows_per_launch) {
+    const int m = std::min(rows_per_launch, prob_m - row0);
+    const int slabs = (m + tile.m_rows - 1) / tile.m_rows;
+    const int total = slabs * n_tiles * k_tiles;
+    const int grid0 = std::min(use_sms, total);
+    const int iters = (total + grid0 - 1) / grid0;
+    const int grid = (total + iters - 1) / iters;
+    Args args{};
+    args.a = a_bytes + static_cast<size_t>(row0) * prob_k * 2;
+    args.b = B;
+    args.c = c_bytes + static_cast<size_t>(row0) * prob_n * 2;
+    args.s = s;
+    args.locks = static_cast<int*>(workspace);
+    args.m = m;
+    args.n = prob_n;
+    args.k = prob_k;
+    args.b_row_int4 = n_full / 2;
+    args.s_row_halves = n_full;
+    args.group_size = groupsize;
+    args.slabs = slabs;
+    args.iters = iters;
+    int stage = FERRUM_STAGE_KERNEL_LAUNCH;
+    err = launch_any(m8, nc, args, grid, stream, dev, &stage);
+    if (err != cudaSuccess) return fail_cuda(stage, err, "marlin_cuda: launch");
+  }
+  return 0;
+}
+
+}  // namespace ferrum::w4a16
+
+extern "C" int marlin_cuda(const void* A, const void* B, void* C, const void* s, int prob_m,
+                           int prob_n, int prob_k, void* workspace, int groupsize, int dev,
+                           ferrum_stream_t stream, int thread_k, int thread_n, int sms, int max_par,
+                           int prob_n_full) {
+  return ferrum::w4a16::gemm(A, B, C, s, prob_m, prob_n, prob_k, workspace, groupsize, dev,
+                             reinterpret_cast<cudaStream_t>(stream), thread_k, thread_n, sms,
+                             max_par, prob_n_full);
+}

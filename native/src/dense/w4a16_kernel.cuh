@@ -1,0 +1,297 @@
+// W4A16 Marlin GEMM kernel: C[m, n] = A[m, k] . ((q - 8) * s)[k, n].
+//
+// Work split ("stripes"): the problem is cut into units of one k_tile of one
+// n_tile column of one m slab, numbered column by column (k fastest). Block
+// range r gets units [r*iters, (r+1)*iters), so a column may be shared by a few
+// consecutive ranges. Ranges are handed out in reverse block order (range r runs
+// on block grid-1-r): the range that covers the *end* of a column does that part
+// first in its stripe, so the partial sums of a column become ready in order of
+// increasing block index, and every block only ever waits for the block just
+// before it, which the hardware dispatched first — no cycles, no deadlock.
+//
+// Partials of a shared column are summed through C in fp16, serialised by an
+// int32 lock per column in the workspace; the last contributor resets its lock
+// to 0 so the workspace is zero again after every launch (graph capture).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "../core/dequant.cuh"
+#include "../core/ptx.cuh"
+#include "../core/tile.cuh"
+#include "ferrum_marlin.h"
+#include "w4a16.h"
+
+namespace ferrum::w4a16 {
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Args p) {
+  extern __shared__ int4 smem[];
+  int4* const sh_b = smem;
+  int4* const sh_a = sh_b + T::stages * T::b_stage;
+  int4* const sh_s = sh_a + T::stages * T::a_stage;
+  float* const sh_red = reinterpret_cast<float*>(sh_s + T::stages * T::s_stage);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int warp_n = warp % T::warps_n;
+  const int warp_k = warp / T::warps_n;
+
+  const int n_tiles = p.n / T::n_tile;
+  const int k_tiles = p.k / T::k_tile;
+  const int total = p.slabs * n_tiles * k_tiles;
+  const int range = gridDim.x - 1 - blockIdx.x;
+  const int u_begin = range * p.iters;
+  const int count = min(p.iters, total - u_begin);
+  const bool grouped = p.group_size > 0;
+  const int a_row_int4 = p.k / 8;
+  const int4* const gA = static_cast<const int4*>(p.a);
+  const int4* const gB = static_cast<const int4*>(p.b);
+  const int4* const gS = static_cast<const int4*>(p.s);
+
+  // ---- global -> shared, one stage = one unit --------------------------------
+  auto load_stage = [&](int i) {
+    const int u = u_begin + i;
+    const int slot = i % T::stages;
+    const int col = u / k_tiles;
+    const int kt = u - col * k_tiles;
+    const int slab = col / n_tiles;
+    const int c = col - slab * n_tiles;
+
+    int4* const db = sh_b + slot * T::b_stage;
+    const int4* const src_b =
+        gB + static_cast<size_t>(kt) * T::k_rows * p.b_row_int4 + c * (T::n_chunks * 32);
+#pragma unroll
+    for (int e = tid; e < T::b_stage; e += kThreads) {
+      const int row = e / (T::n_chunks * 32);
+      const int off = e - row * (T::n_chunks * 32);
+      ptx::cp_async16(db + e, src_b + static_cast<size_t>(row) * p.b_row_int4 + off);
+    }
+
+    // Activations: 128-byte rows of 8 16-byte units, unit u of row r stored at
+    // u ^ (r % 8) so that ldmatrix reads of eight rows hit eight bank groups.
+    int4* const da = sh_a + slot * T::a_stage;
+    const int m0 = slab * T::m_rows;
+#pragma unroll
+    for (int e = tid; e < T::a_stage; e += kThreads) {
+      const int r = e / (T::k_rows * 2);
+      const int unit = e - r * (T::k_rows * 2);
+      const int dst = (unit >> 3) * (T::m_rows * 8) + r * 8 + ((unit & 7) ^ (r & 7));
+      const bool valid = m0 + r < p.m;
+      const int4* src =
+          valid ? gA + static_cast<size_t>(m0 + r) * a_row_int4 + kt * (T::k_tile / 8) + unit : gA;
+      ptx::cp_async16_or_zero(da + dst, src, valid);
+    }
+
+    if (grouped) {
+      const int s_rows = T::k_tile > p.group_size ? T::k_tile / p.group_size : 1;
+      const int first = (kt * T::k_tile) / p.group_size;
+      constexpr int per_row = T::n_chunks * 8;
+      int4* const ds = sh_s + slot * T::s_stage;
+      for (int e = tid; e < s_rows * per_row; e += kThreads) {
+        const int r = e / per_row;
+        const int off = e - r * per_row;
+        ptx::cp_async16(ds + e, gS + (static_cast<size_t>(first + r) * p.s_row_halves) / 8 +
+                                    c * (T::n_tile / 8) + off);
+      }
+    }
+  };
+
+  float acc[4][T::m8][4];
+  auto zero_acc = [&]() {
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+#pragma unroll
+      for (int j = 0; j < T::m8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.f;
+  };
+
+  // ---- shared -> registers -> tensor cores -----------------------------------
+  auto compute_stage = [&](int i) {
+    const int slot = i % T::stages;
+    const int4* const sb = sh_b + slot * T::b_stage;
+    const int4* const sa = sh_a + slot * T::a_stage;
+    const int4* const ss = sh_s + slot * T::s_stage;
+#pragma unroll
+    for (int rr = 0; rr < T::rows_per_warp; ++rr) {
+      const int row = warp_k + rr * T::warps_k;
+      const int4 w = sb[(row * T::n_chunks + warp_n) * 32 + lane];
+      Frag16x16 f[4] = {dequant_u4b8(w.x), dequant_u4b8(w.y), dequant_u4b8(w.z),
+                        dequant_u4b8(w.w)};
+      if (grouped) {
+        const int s_row = T::k_tile > p.group_size ? (16 * row) / p.group_size : 0;
+        const int4 sc = ss[s_row * (T::n_chunks * 8) + warp_n * 8 + (lane >> 2)];
+        scale_frag(f[0], sc.x);
+        scale_frag(f[1], sc.y);
+        scale_frag(f[2], sc.z);
+        scale_frag(f[3], sc.w);
+      }
+      // Activation fragments: matrix (lane/8) of ldmatrix.x4 is (m8 tile +
+      // (lane/16), k half (lane/8)%2); .x2 uses only the k halves.
+      const int r8 = lane & 7;
+      if constexpr (T::m8 == 1) {
+        const int unit = 2 * row + ((lane >> 3) & 1);
+        const int4* addr = sa + (unit >> 3) * (T::m_rows * 8) + r8 * 8 + ((unit & 7) ^ r8);
+        uint32_t bf[2];
+        ptx::ldmatrix_x2(bf, addr);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) ptx::mma_16816(acc[t][0], f[t].r, bf[0], bf[1]);
+      } else {
+#pragma unroll
+        for (int jp = 0; jp < T::m8; jp += 2) {
+          const int mr = 8 * (jp + (lane >> 4)) + r8;
+          const int unit = 2 * row + ((lane >> 3) & 1);
+          const int4* addr = sa + (unit >> 3) * (T::m_rows * 8) + mr * 8 + ((unit & 7) ^ r8);
+          uint32_t bf[4];
+          ptx::ldmatrix_x4(bf, addr);
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            ptx::mma_16816(acc[t][jp], f[t].r, bf[0], bf[1]);
+            ptx::mma_16816(acc[t][jp + 1], f[t].r, bf[2], bf[3]);
+          }
+        }
+      }
+    }
+  };
+
+  // ---- end of a column: block reduction, then the serialised global one -----
+  auto finish_column = [&](int u) {
+    const int col = u / k_tiles;
+    const int slab = col / n_tiles;
+    const int c = col - slab * n_tiles;
+    const int first_unit = col * k_tiles;
+    const int r_lo = first_unit / p.iters;
+    const int r_hi = (first_unit + k_tiles - 1) / p.iters;
+    const int contributors = r_hi - r_lo + 1;
+    const int order = r_hi - range;  // 0: this block's part is ready first
+
+    // Accumulator (t, j, e) of lane (g, q) is C^T[n = 16t + g + 8(e/2)][m = 8j + 2q + e%2].
+#pragma unroll 1
+    for (int kw = 0; kw < T::warps_k; ++kw) {
+      if (warp_k == kw) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int j = 0; j < T::m8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int n_local = warp_n * 64 + 16 * t + (lane >> 2) + 8 * (e >> 1);
+              const int m_local = 8 * j + 2 * (lane & 3) + (e & 1);
+              float* dst = sh_red + m_local * T::red_stride + n_local;
+              *dst = kw == 0 ? acc[t][j][e] : *dst + acc[t][j][e];
+            }
+      }
+      __syncthreads();
+    }
+
+    int* const lock = p.locks + col;
+    if (contributors > 1 && order > 0) {
+      if (tid == 0) {
+        while (ptx::ld_acquire_gpu(lock) != order) __nanosleep(64);
+      }
+      __syncthreads();
+    }
+
+    constexpr int vec_per_row = T::n_tile / 8;
+    const half* const s_half = static_cast<const half*>(p.s);
+    for (int v = tid; v < T::m_rows * vec_per_row; v += kThreads) {
+      const int mr = v / vec_per_row;
+      const int nv = v - mr * vec_per_row;
+      const int grow = slab * T::m_rows + mr;
+      if (grow >= p.m) continue;
+      const float4* src = reinterpret_cast<const float4*>(sh_red + mr * T::red_stride + nv * 8);
+      const float4 lo = src[0];
+      const float4 hi = src[1];
+      float vals[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      const int ncol = c * T::n_tile + nv * 8;
+      if (!grouped) {
+        // Channelwise scales are permuted per 32 columns so that column
+        // 8a + e of a chunk sits at 8*(e/2) + 2a + e%2.
+        const half2* s2 = reinterpret_cast<const half2*>(s_half + (ncol & ~31) + 2 * ((ncol >> 3) & 3));
+#pragma unroll
+        for (int e2 = 0; e2 < 4; ++e2) {
+          const float2 s = __half22float2(s2[4 * e2]);
+          vals[2 * e2] *= s.x;
+          vals[2 * e2 + 1] *= s.y;
+        }
+      }
+      int4* const dst = static_cast<int4*>(p.c) + (static_cast<size_t>(grow) * p.n + ncol) / 8;
+      if (order > 0) {
+        const int4 prev = __ldcg(dst);
+        const half2* ph = reinterpret_cast<const half2*>(&prev);
+#pragma unroll
+        for (int e2 = 0; e2 < 4; ++e2) {
+          const float2 f = __half22float2(ph[e2]);
+          vals[2 * e2] += f.x;
+          vals[2 * e2 + 1] += f.y;
+        }
+      }
+      int4 out;
+      half2* oh = reinterpret_cast<half2*>(&out);
+#pragma unroll
+      for (int e2 = 0; e2 < 4; ++e2) oh[e2] = __floats2half2_rn(vals[2 * e2], vals[2 * e2 + 1]);
+      __stcg(dst, out);
+    }
+
+    if (contributors > 1) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) ptx::st_release_gpu(lock, order == contributors - 1 ? 0 : order + 1);
+    } else {
+      __syncthreads();
+    }
+    zero_acc();
+  };
+
+  // ---- the pipeline ------------------------------------------------------------
+#pragma unroll
+  for (int i = 0; i < T::stages - 1; ++i) {
+    if (i < count) load_stage(i);
+    ptx::cp_async_commit();
+  }
+  zero_acc();
+#pragma unroll 1
+  for (int i = 0; i < count; ++i) {
+    ptx::cp_async_wait<T::stages - 2>();
+    __syncthreads();
+    // The slot refilled here was consumed in iteration i-1, which every warp
+    // finished before the barrier above.
+    const int next = i + T::stages - 1;
+    if (next < count) load_stage(next);
+    ptx::cp_async_commit();
+    compute_stage(i);
+    const int u = u_begin + i;
+    if ((u % k_tiles) == k_tiles - 1 || i == count - 1) finish_column(u);
+  }
+  ptx::cp_async_wait<0>();
+}
+
+template <class T>
+cudaError_t launch_tile(const Args& args, int grid, cudaStream_t stream, int dev, int* stage) {
+  // The attribute lives in the device's context: set it, and check that a block
+  // can be resident, once per device (a benign race only repeats the work).
+  static bool configured[kMaxDevices] = {};
+  if (dev < 0 || dev >= kMaxDevices || !configured[dev]) {
+    cudaError_t err = cudaFuncSetAttribute(gemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(T::smem_bytes));
+    if (err != cudaSuccess) {
+      *stage = FERRUM_STAGE_FUNCTION_ATTRIBUTE;
+      return err;
+    }
+    int blocks = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_kernel<T>, kThreads, T::smem_bytes);
+    if (err != cudaSuccess || blocks < 1) {
+      *stage = FERRUM_STAGE_BLOCKS_PER_SM;
+      return err != cudaSuccess ? err : cudaErrorLaunchOutOfResources;
+    }
+    if (dev >= 0 && dev < kMaxDevices) configured[dev] = true;
+  }
+  gemm_kernel<T><<<grid, kThreads, T::smem_bytes, stream>>>(args);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
+  return err;
+}
+
+}  // namespace ferrum::w4a16

@@ -1,0 +1,21 @@
+// W4A16 kernels for 64-row activation slabs.
+#include "w4a16_kernel.cuh"
+#include "w4a16_tiles.h"
+
+namespace ferrum::w4a16 {
+
+template <>
+cudaError_t launch_m8<8>(NConfig nc, const Args& args, int grid, cudaStream_t stream, int dev,
+                          int* stage) {
+  switch (nc) {
+    case NConfig::N128_K128:
+      return launch_tile<Tile<8, NConfig::N128_K128>>(args, grid, stream, dev, stage);
+    case NConfig::N256_K64:
+      return launch_tile<Tile<8, NConfig::N256_K64>>(args, grid, stream, dev, stage);
+    case NConfig::N64_K128:
+      return launch_tile<Tile<8, NConfig::N64_K128>>(args, grid, stream, dev, stage);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace ferrum::w4a16

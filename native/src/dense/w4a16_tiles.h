@@ -1,0 +1,39 @@
+// The tile shapes the W4A16 kernel is instantiated for, one place for all of
+// them: small activation slabs get deep pipelines (the kernel is a weight
+// stream there), larger slabs trade stages for accumulator space.
+#pragma once
+
+#include "../core/tile.cuh"
+#include "w4a16.h"
+
+namespace ferrum::w4a16 {
+
+template <int M8>
+constexpr int stages_for() {
+  return M8 <= 2 ? 8 : (M8 == 4 ? 6 : 4);
+}
+
+template <int M8, NConfig NC>
+struct Tile;
+template <int M8>
+struct Tile<M8, NConfig::N128_K128> : TileShape<M8, 2, 8, stages_for<M8>()> {};
+template <int M8>
+struct Tile<M8, NConfig::N256_K64> : TileShape<M8, 4, 4, stages_for<M8>()> {};
+template <int M8>
+struct Tile<M8, NConfig::N64_K128> : TileShape<M8, 1, 8, stages_for<M8>()> {};
+
+// Defined in w4a16_m<rows>.cu, one translation unit per slab height so the
+// build runs in parallel.
+template <int M8>
+cudaError_t launch_m8(NConfig nc, const Args& args, int grid, cudaStream_t stream, int dev,
+                      int* stage);
+template <>
+cudaError_t launch_m8<1>(NConfig, const Args&, int, cudaStream_t, int, int*);
+template <>
+cudaError_t launch_m8<2>(NConfig, const Args&, int, cudaStream_t, int, int*);
+template <>
+cudaError_t launch_m8<4>(NConfig, const Args&, int, cudaStream_t, int, int*);
+template <>
+cudaError_t launch_m8<8>(NConfig, const Args&, int, cudaStream_t, int, int*);
+
+}  // namespace ferrum::w4a16
