@@ -157,6 +157,16 @@ def _as_int(value: object) -> int | None:
 _MISSING = object()
 
 
+def _cai_is_opaque(cai: object) -> bool:
+    """True when the CAI describes an opaque void element type (e.g. '<V2')."""
+    if not isinstance(cai, dict) or not isinstance(cai.get("typestr"), str):
+        return False
+    try:
+        return np.dtype(cai["typestr"]).kind == "V"
+    except (TypeError, ValueError):
+        return False
+
+
 def _from_cai(obj: object, cai: object, name: str) -> DeviceArray:
     if not isinstance(cai, dict):
         raise ArgumentTypeError(
@@ -213,6 +223,12 @@ def _from_cai(obj: object, cai: object, name: str) -> DeviceArray:
     if not dtype.isnative:
         raise ArgumentError(
             f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is not in native byte order"
+        )
+    if dtype.kind == "V":
+        raise ArgumentError(
+            f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is an opaque void type "
+            f"(PyTorch exports bfloat16 this way); pass an object that also supports DLPack, "
+            f"or a typed view"
         )
 
     # data
@@ -664,8 +680,12 @@ def as_device_array(obj: Any, name: str, *, consumer_stream: int | None = -1) ->
     ``name`` is the argument name used in error messages.
 
     ``__cuda_array_interface__`` (v2/v3) is preferred; otherwise the DLPack
-    protocol is used.  ``consumer_stream`` is only used for DLPack and is
-    passed verbatim as ``__dlpack__(stream=...)``.  Its default, ``-1``,
+    protocol is used.  Exception: when the CAI element type is an opaque void
+    type (PyTorch exports bfloat16 as ``'<V2'``) and the object also speaks
+    DLPack, DLPack is used because it carries the real dtype.
+
+    ``consumer_stream`` is only used for DLPack and is passed verbatim as
+    ``__dlpack__(stream=...)``.  Its default, ``-1``,
     asks the producer for *no* synchronisation: the caller orders its own work
     (it resolves the launch stream with :func:`resolve_stream` and waits on
     producer streams itself), and a producer-side sync against an arbitrary
@@ -694,10 +714,14 @@ def as_device_array(obj: Any, name: str, *, consumer_stream: int | None = -1) ->
         raise ArgumentError(
             f"{name}: reading __cuda_array_interface__ failed: {exc}"
         ) from exc
+    has_dlpack = hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
     if cai is not _MISSING:
+        if has_dlpack and _cai_is_opaque(cai):
+            # e.g. a torch.bfloat16 tensor: CAI says '<V2', DLPack says bfloat16.
+            return _from_dlpack(obj, name, _check_consumer_stream(consumer_stream))
         return _from_cai(obj, cai, name)
 
-    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+    if has_dlpack:
         return _from_dlpack(obj, name, _check_consumer_stream(consumer_stream))
 
     raise ArgumentTypeError(

@@ -58,10 +58,11 @@ coalesced load and turn into tensor-core operands with no shuffling:
 
 Implementation
 ==============
-Steps 1-3 compose to one fixed gather per 16x64 block, precomputed at import
-(``_PACK_*``). Packing gathers the even and odd nibbles of every byte with that
-index, ORs them into bytes and reinterprets 4 little-endian bytes as a word;
-unpacking scatters them back. Large matrices are processed a few tile-rows at
+Steps 2-3 compose to one fixed gather per 1024-value run, precomputed at import
+(``_RUN_ORDER``). Packing lays a few tile-rows out in step-1 order, gathers the
+even and odd positions (low and high nibble of each byte), ORs them into bytes
+and reinterprets 4 little-endian bytes as a word; unpacking does the reverse
+with the inverse gather. Large matrices are processed a few tile-rows at
 a time so temporaries stay cache-sized and memory stays ~1x the output.
 """
 
@@ -175,7 +176,8 @@ def _check_scales(fn: str, name: str, scales: object) -> np.ndarray:
 def _to_float16_finite(fn: str, name: str, scales: np.ndarray) -> np.ndarray:
     """The kernel reads fp16; a value that overflows (or is NaN) would poison
     every output column it touches, so refuse it here, where it is traceable."""
-    s16 = scales.astype(np.float16)
+    with np.errstate(over="ignore"):  # overflow is reported below, by name
+        s16 = scales.astype(np.float16)
     if not np.isfinite(s16).all():
         raise ArgumentError(f"{fn}: {name} must be finite in float16 (|s| <= 65504)")
     return s16
@@ -217,15 +219,10 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 
 
 _RUN_ORDER = _frozen(_build_run_order())
-# The packer never materialises step 1: it gathers straight from a [16, 64]
-# block of q (rows of the tile-row, the 64 columns of the run).
-_BLOCK_ROW = (_RUN_ORDER // TILE) % TILE
-_BLOCK_COL = (_RUN_ORDER // (TILE * TILE)) * TILE + _RUN_ORDER % TILE
-# Even positions are the low nibble of a byte, odd positions the high nibble.
-_PACK_LO_ROW = _frozen(_BLOCK_ROW[0::2])
-_PACK_LO_COL = _frozen(_BLOCK_COL[0::2])
-_PACK_HI_ROW = _frozen(_BLOCK_ROW[1::2])
-_PACK_HI_COL = _frozen(_BLOCK_COL[1::2])
+# Even positions become the low nibble of a byte, odd positions the high one.
+_RUN_ORDER_LOW = _frozen(_RUN_ORDER[0::2])
+_RUN_ORDER_HIGH = _frozen(_RUN_ORDER[1::2])
+_RUN_ORDER_INVERSE = _frozen(np.argsort(_RUN_ORDER))
 
 _SCALE_PERM_GROUPED = _frozen(np.arange(64).reshape(8, 8).T.reshape(-1))
 _SCALE_PERM_CHANNELWISE = _frozen(
@@ -242,27 +239,38 @@ def _tile_rows_per_step(n: int) -> int:
     return max(1, _STEP_VALUES // (TILE * n))
 
 
+def _tile_runs(codes: np.ndarray) -> np.ndarray:
+    """Step 1 as a view: codes [16*t, N] -> [t, runs, tile, row, col]."""
+    rows, n = codes.shape
+    return codes.reshape(rows // TILE, TILE, n // CHUNK_COLUMNS, 4, TILE).transpose(0, 2, 3, 1, 4)
+
+
 def _pack_tile_rows(codes: np.ndarray) -> np.ndarray:
     """uint8 codes [16*t, N] (values 0..15) -> int32 words [t, 2N]."""
     rows, n = codes.shape
     t, runs = rows // TILE, n // CHUNK_COLUMNS
-    blocks = codes.reshape(t, TILE, runs, CHUNK_COLUMNS).transpose(0, 2, 1, 3)
-    low = blocks[:, :, _PACK_LO_ROW, _PACK_LO_COL]  # [t, runs, 512], a fresh array
-    high = blocks[:, :, _PACK_HI_ROW, _PACK_HI_COL]
+    # One contiguous copy in step-1 order makes the gathers below plain
+    # last-axis takes, measured ~2x faster than fancy-indexing the strided view.
+    runs_flat = np.ascontiguousarray(_tile_runs(codes)).reshape(t, runs, _RUN_VALUES)
+    low = np.take(runs_flat, _RUN_ORDER_LOW, axis=2)
+    high = np.take(runs_flat, _RUN_ORDER_HIGH, axis=2)
     np.left_shift(high, 4, out=high)
     np.bitwise_or(low, high, out=low)
     return _words_from_bytes(low).reshape(t, 2 * n)
 
 
-def _unpack_tile_rows(words: np.ndarray) -> np.ndarray:
-    """int32 words [t, 2N] -> uint8 codes [16*t, N]."""
+def _unpack_tile_rows(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """int32 words [t, 2N] -> uint8 codes [16*t, N], written into ``out``
+    (C-contiguous rows) when given, to skip a copy into the caller's buffer."""
     t, n = words.shape[0], words.shape[1] // 2
     runs = n // CHUNK_COLUMNS
     pairs = _little_endian_bytes(words).reshape(t, runs, _RUN_VALUES // 2)
-    codes = np.empty((t * TILE, n), dtype=np.uint8)
-    blocks = codes.reshape(t, TILE, runs, CHUNK_COLUMNS).transpose(0, 2, 1, 3)
-    blocks[:, :, _PACK_LO_ROW, _PACK_LO_COL] = pairs & 0x0F
-    blocks[:, :, _PACK_HI_ROW, _PACK_HI_COL] = pairs >> 4
+    packed_order = np.empty((t, runs, _RUN_VALUES), dtype=np.uint8)
+    np.bitwise_and(pairs, 0x0F, out=packed_order[:, :, 0::2])
+    np.right_shift(pairs, 4, out=packed_order[:, :, 1::2])
+    runs_flat = np.take(packed_order, _RUN_ORDER_INVERSE, axis=2)
+    codes = np.empty((t * TILE, n), dtype=np.uint8) if out is None else out
+    _tile_runs(codes)[...] = runs_flat.reshape(t, runs, 4, TILE, TILE)
     return codes
 
 
@@ -306,7 +314,7 @@ def marlin_unpack_int4(packed: np.ndarray, k: int, n: int) -> np.ndarray:
     step = _tile_rows_per_step(n)
     for t0 in range(0, k // TILE, step):
         t1 = min(k // TILE, t0 + step)
-        codes[t0 * TILE : t1 * TILE] = _unpack_tile_rows(packed[t0:t1])
+        _unpack_tile_rows(packed[t0:t1], out=codes[t0 * TILE : t1 * TILE])
     return codes
 
 

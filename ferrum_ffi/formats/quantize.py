@@ -74,7 +74,8 @@ def _scales_from_absmax(fn: str, absmax: np.ndarray, row0: int) -> np.ndarray:
     """fp16 scales for float32 absmax values, with the zero-group rule."""
     if not np.isfinite(absmax).all():
         raise ArgumentError(f"{fn}: w must be finite (NaN/inf in the group at row {row0} or later)")
-    scale = ((absmax * np.float32(2)) / np.float32(_MAX_CODE)).astype(np.float16)
+    with np.errstate(over="ignore"):  # overflow is reported below, by name
+        scale = ((absmax * np.float32(2)) / np.float32(_MAX_CODE)).astype(np.float16)
     if np.isinf(scale).any():
         raise ArgumentError(
             f"{fn}: w has |w| too large for a float16 scale (needs |w| <= ~491000) "

@@ -1,0 +1,58 @@
+"""ferrum_ffi: Marlin mixed-precision GEMMs for any CUDA array, through ctypes.
+
+The native library (libferrum_marlin.so) is loaded on first use; everything in
+``ferrum_ffi.formats`` and ``ferrum_ffi.validation`` works without a GPU.
+"""
+
+from ._native import ABI_VERSION, device_count, library
+from .dense import (
+    MarlinWeight,
+    launch_marlin_cuda,
+    marlin_gemm,
+    marlin_gemm_with_offset,
+    marlin_gemm_with_offset_strided,
+)
+from .formats import (
+    permute_gptq_qweight_rows,
+    repack_gptq_to_marlin,
+    repack_marlin_to_gptq,
+    repack_scales_to_marlin,
+)
+from .profile import drain_profile, profile_label, record_gather, runtime_config
+from .status import (
+    ArgumentError,
+    ArgumentTypeError,
+    FerrumError,
+    LibraryError,
+    NativeError,
+    StagedNativeStatus,
+)
+from .validation import W4A16Problem
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ABI_VERSION",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "FerrumError",
+    "LibraryError",
+    "MarlinWeight",
+    "NativeError",
+    "StagedNativeStatus",
+    "W4A16Problem",
+    "device_count",
+    "drain_profile",
+    "launch_marlin_cuda",
+    "library",
+    "marlin_gemm",
+    "marlin_gemm_with_offset",
+    "marlin_gemm_with_offset_strided",
+    "permute_gptq_qweight_rows",
+    "profile_label",
+    "record_gather",
+    "repack_gptq_to_marlin",
+    "repack_marlin_to_gptq",
+    "repack_scales_to_marlin",
+    "runtime_config",
+]

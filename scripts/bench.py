@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""W4A16 Marlin GEMM against cuBLAS FP16 and against the read roofline.
+
+For each (k, n) and m, in the same run and the same way (CUDA events, L2
+flushed before every timed launch, median of many launches):
+  * ``marlin``  — ferrum_ffi.marlin_gemm (workspace zeroing excluded: it is a
+                  separate memset that graph users skip);
+  * ``cublas``  — CuPy's fp16 matmul of the same shapes;
+  * ``read``    — a plain kernel that streams the weight + scale bytes with
+                  16-byte loads: the practical limit of a memory-bound GEMM.
+Prints a table (speed-up over cuBLAS, fraction of the read roofline) and writes
+JSON. Usage: python scripts/bench.py [--quick] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (28672, 8192))
+M_VALUES = (1, 16, 64, 256)
+
+_READ_KERNEL = r"""
+extern "C" __global__ void stream_read(const int4* __restrict__ p, long long n, int* sink) {
+  int acc = 0;
+  long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 4 * stride) {
+    int4 v0 = p[i];
+    int4 v1 = i + stride < n ? p[i + stride] : make_int4(0, 0, 0, 0);
+    int4 v2 = i + 2 * stride < n ? p[i + 2 * stride] : make_int4(0, 0, 0, 0);
+    int4 v3 = i + 3 * stride < n ? p[i + 3 * stride] : make_int4(0, 0, 0, 0);
+    acc ^= v0.x ^ v0.y ^ v0.z ^ v0.w ^ v1.x ^ v1.y ^ v1.z ^ v1.w;
+    acc ^= v2.x ^ v2.y ^ v2.z ^ v2.w ^ v3.x ^ v3.y ^ v3.z ^ v3.w;
+  }
+  if (acc == 0x7fffffff) *sink = acc;  // keeps the loads alive
+}
+"""
+
+
+class Timer:
+    """Median time of a callable: L2 flushed before each launch, CUDA events around it."""
+
+    def __init__(self, cp, flush_bytes: int = 512 << 20) -> None:
+        self.cp = cp
+        self.flush = cp.empty(flush_bytes // 4, dtype=cp.int32)
+        self.start = cp.cuda.Event()
+        self.end = cp.cuda.Event()
+
+    def median_us(self, fn, repeat: int, warmup: int = 3) -> float:
+        cp = self.cp
+        for _ in range(warmup):
+            fn()
+        times = []
+        for i in range(repeat):
+            self.flush.fill(i)
+            self.start.record()
+            fn()
+            self.end.record()
+            self.end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(self.start, self.end) * 1000.0)
+        return statistics.median(times)
+
+
+def bench_shape(cp, ff, timer: Timer, k: int, n: int, m_values, repeat: int, read_kernel, sms: int):
+    from ferrum_ffi.formats import marlin_pack_int4, marlin_permute_scales
+
+    rng = np.random.default_rng(k * 7 + n)
+    codes = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
+    scales = rng.uniform(0.002, 0.02, size=(k // 128, n)).astype(np.float16)
+    weight = ff.MarlinWeight.from_marlin(marlin_pack_int4(codes), marlin_permute_scales(scales, 128), k, 128)
+    del codes
+    w16 = cp.asarray(rng.standard_normal((k, n), dtype=np.float32) * 0.02).astype(cp.float16)
+    weight_bytes = weight.qweight.nbytes + weight.scales.nbytes
+    sink = cp.zeros(1, dtype=cp.int32)
+    n16 = weight.qweight.nbytes // 16 + weight.scales.nbytes // 16
+    # One buffer of the same byte count, so the read is a single stream.
+    read_buf = cp.empty(n16 * 4, dtype=cp.int32)
+    read_buf.fill(1)
+    grid = sms * 8
+
+    def read():
+        read_kernel((grid,), (256,), (read_buf, np.int64(n16), sink))
+
+    read_us = timer.median_us(read, repeat)
+    rows = []
+    for m in m_values:
+        a = cp.asarray(rng.standard_normal((m, k)).astype(np.float16))
+        out = cp.empty((m, n), dtype=cp.float16)
+        ref = cp.empty((m, n), dtype=cp.float16)
+        marlin_us = timer.median_us(lambda: ff.marlin_gemm(a, weight, out=out), repeat)
+        cublas_us = timer.median_us(lambda: cp.matmul(a, w16, out=ref), repeat)
+        rows.append(
+            {
+                "k": k,
+                "n": n,
+                "m": m,
+                "marlin_us": marlin_us,
+                "cublas_us": cublas_us,
+                "read_us": read_us,
+                "weight_bytes": weight_bytes,
+                "speedup_vs_cublas": cublas_us / marlin_us,
+                "fraction_of_read_roofline": read_us / marlin_us,
+                "marlin_tb_s": weight_bytes / marlin_us / 1e6,
+            }
+        )
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="two shapes, fewer repeats")
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--m", type=int, nargs="*", default=list(M_VALUES))
+    parser.add_argument("--json", type=Path, default=Path("bench_w4a16.json"))
+    args = parser.parse_args(argv)
+    try:
+        import cupy as cp
+    except ImportError:
+        print("bench: CuPy is not installed; nothing to measure", file=sys.stderr)
+        return 1
+    import ferrum_ffi as ff
+
+    if ff.device_count() == 0:
+        print("bench: no CUDA device", file=sys.stderr)
+        return 1
+    # Workspace zeroing is a separate memset; time the kernel alone.
+    os.environ["FERRUM_MARLIN_SKIP_WS_ZERO"] = "1"
+    ff.profile.runtime_config.cache_clear()
+    shapes = SHAPES[:1] + SHAPES[3:4] if args.quick else SHAPES
+    repeat = max(5, args.repeat // 3) if args.quick else args.repeat
+    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    read_kernel = cp.RawKernel(_READ_KERNEL, "stream_read")
+    timer = Timer(cp)
+    results = []
+    for k, n in shapes:
+        results += bench_shape(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms)
+    args.json.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                                     "results": results}, indent=2))
+    print(f"{'k x n':>13} {'m':>5} {'marlin us':>10} {'cublas us':>10} {'read us':>8} "
+          f"{'x cuBLAS':>9} {'of read':>8} {'TB/s':>6}")
+    for r in results:
+        print(f"{r['k']:>6}x{r['n']:<6} {r['m']:>5} {r['marlin_us']:>10.1f} {r['cublas_us']:>10.1f} "
+              f"{r['read_us']:>8.1f} {r['speedup_vs_cublas']:>8.2f}x {r['fraction_of_read_roofline']:>7.0%} "
+              f"{r['marlin_tb_s']:>6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
