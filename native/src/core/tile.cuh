@@ -16,7 +16,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDevices = 64;  // per-device caches of launch attributes
 
-template <int M8, int NChunks, int KRows, int Stages>
+template <int M8, int NChunks, int KRows, int Stages, int MinBlocks>
 struct TileShape {
   static constexpr int m8 = M8;                 // 8-row activation tiles per slab
   static constexpr int m_rows = 8 * M8;         // activation rows per slab
@@ -25,6 +25,7 @@ struct TileShape {
   static constexpr int k_rows = KRows;          // 16-deep k steps per stage
   static constexpr int k_tile = 16 * KRows;
   static constexpr int stages = Stages;
+  static constexpr int min_blocks = MinBlocks;  // blocks per SM the registers must allow
   static constexpr int warps_n = NChunks;
   static constexpr int warps_k = kWarps / NChunks;
   static constexpr int rows_per_warp = KRows / warps_k;

@@ -71,13 +71,12 @@ bool forced_config(int thread_k, int thread_n, NConfig* nc) {
   return true;
 }
 
-cudaError_t launch_any(int m8, NConfig nc, const Args& args, int grid, cudaStream_t stream, int dev,
-                       int* stage) {
+cudaError_t launch_any(int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
   switch (m8) {
-    case 1: return launch_m8<1>(nc, args, grid, stream, dev, stage);
-    case 2: return launch_m8<2>(nc, args, grid, stream, dev, stage);
-    case 4: return launch_m8<4>(nc, args, grid, stream, dev, stage);
-    default: return launch_m8<8>(nc, args, grid, stream, dev, stage);
+    case 1: return launch_m8<1>(nc, args, launch, stage);
+    case 2: return launch_m8<2>(nc, args, launch, stage);
+    case 4: return launch_m8<4>(nc, args, launch, stage);
+    default: return launch_m8<8>(nc, args, launch, stage);
   }
 }
 
@@ -173,11 +172,6 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
   auto* c_bytes = static_cast<char*>(C);
   for (int row0 = 0; row0 < prob_m; row0 += rows_per_launch) {
     const int m = std::min(rows_per_launch, prob_m - row0);
-    const int slabs = (m + tile.m_rows - 1) / tile.m_rows;
-    const int total = slabs * n_tiles * k_tiles;
-    const int grid0 = std::min(use_sms, total);
-    const int iters = (total + grid0 - 1) / grid0;
-    const int grid = (total + iters - 1) / iters;
     Args args{};
     args.a = a_bytes + static_cast<size_t>(row0) * prob_k * 2;
     args.b = B;
@@ -189,11 +183,10 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
     args.k = prob_k;
     args.b_row_int4 = n_full / 2;
     args.s_row_halves = n_full;
-    args.group_size = groupsize;
-    args.slabs = slabs;
-    args.iters = iters;
+    args.group_shift = groupsize == -1 ? -1 : 7;  // groupsize 128
+    args.slabs = (m + tile.m_rows - 1) / tile.m_rows;
     int stage = FERRUM_STAGE_KERNEL_LAUNCH;
-    err = launch_any(m8, nc, args, grid, stream, dev, &stage);
+    err = launch_any(m8, nc, args, Launch{use_sms, dev, stream}, &stage);
     if (err != cudaSuccess) return fail_cuda(stage, err, "marlin_cuda: launch");
   }
   return 0;

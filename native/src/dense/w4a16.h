@@ -18,9 +18,9 @@ struct Args {
   int k;
   int b_row_int4;     // packed row stride in 16-byte units (n_full / 2)
   int s_row_halves;   // scale row stride (n_full)
-  int group_size;     // -1 channelwise, else rows of K per scale row
+  int group_shift;    // log2(group size); -1 channelwise
   int slabs;
-  int iters;          // work units (column x k-tile) per block
+  int iters;          // work units (column x k-tile) per block; set by the launcher
 };
 
 // Tile configurations the library is built with. M8 = activation rows / 8.
@@ -35,9 +35,14 @@ struct TileInfo {
 
 TileInfo tile_info(int m8, NConfig nc);
 
-// Sets the kernel's shared-memory attribute (once per device) and launches it.
-// Returns the CUDA status and which stage failed through `stage`.
-cudaError_t launch(int m8, NConfig nc, const Args& args, int grid, cudaStream_t stream,
-                   int dev, int* stage);
+// Splits `args.slabs * n_tiles * k_tiles` units over at most `sms` times the
+// resident blocks per multiprocessor, then launches. Sets the kernel's
+// attributes once per device. Returns the CUDA status; `stage` names the step
+// that failed.
+struct Launch {
+  int sms;
+  int dev;
+  cudaStream_t stream;
+};
 
 }  // namespace ferrum::w4a16

@@ -25,7 +25,7 @@
 namespace ferrum::w4a16 {
 
 template <class T>
-__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Args p) {
+__global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Args p) {
   extern __shared__ int4 smem[];
   int4* const sh_b = smem;
   int4* const sh_a = sh_b + T::stages * T::b_stage;
@@ -44,56 +44,79 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Args p) {
   const int range = gridDim.x - 1 - blockIdx.x;
   const int u_begin = range * p.iters;
   const int count = min(p.iters, total - u_begin);
-  const bool grouped = p.group_size > 0;
+  const bool grouped = p.group_shift >= 0;
   const int a_row_int4 = p.k / 8;
   const int4* const gA = static_cast<const int4*>(p.a);
   const int4* const gB = static_cast<const int4*>(p.b);
   const int4* const gS = static_cast<const int4*>(p.s);
 
-  // ---- global -> shared, one stage = one unit --------------------------------
-  auto load_stage = [&](int i) {
-    const int u = u_begin + i;
-    const int slot = i % T::stages;
-    const int col = u / k_tiles;
-    const int kt = u - col * k_tiles;
-    const int slab = col / n_tiles;
-    const int c = col - slab * n_tiles;
+  // ---- global -> shared ------------------------------------------------------
+  // Everything a thread copies is fixed per thread up to the stage's base
+  // address, so the loop only adds offsets (no divisions in the steady state).
+  constexpr int kBCopies = T::b_stage / kThreads;
+  static_assert(T::b_stage % kThreads == 0, "weight tile must split over the block");
+  constexpr int kACopies = (T::a_stage + kThreads - 1) / kThreads;
+  int b_src[kBCopies];
+#pragma unroll
+  for (int i = 0; i < kBCopies; ++i) {
+    const int e = tid + i * kThreads;
+    b_src[i] = (e / (T::n_chunks * 32)) * p.b_row_int4 + e % (T::n_chunks * 32);
+  }
+  int a_src[kACopies], a_dst[kACopies], a_row[kACopies];
+#pragma unroll
+  for (int i = 0; i < kACopies; ++i) {
+    const int e = tid + i * kThreads;
+    const int r = e / (T::k_rows * 2);
+    const int unit = e % (T::k_rows * 2);
+    a_row[i] = e < T::a_stage ? r : INT32_MAX / 2;  // threads past the tile copy nothing
+    a_src[i] = r * a_row_int4 + unit;
+    // 128-byte rows of 8 16-byte units, unit u of row r stored at u ^ (r % 8),
+    // so that ldmatrix reads of eight rows hit eight different bank groups.
+    a_dst[i] = (unit >> 3) * (T::m_rows * 8) + r * 8 + ((unit & 7) ^ (r & 7));
+  }
+  // Scale rows per stage: k_tile / group (group <= k_tile) or 1.
+  const int s_rows = grouped && T::k_tile > (1 << p.group_shift) ? T::k_tile >> p.group_shift : 1;
+  const int s_row_int4 = p.s_row_halves / 8;
 
+  // Fetch cursor: the unit the next load_stage call copies.
+  int f_kt, f_c, f_slab;
+  {
+    const int col = u_begin / k_tiles;
+    f_kt = u_begin - col * k_tiles;
+    f_slab = col / n_tiles;
+    f_c = col - f_slab * n_tiles;
+  }
+  auto load_stage = [&](int slot) {
     int4* const db = sh_b + slot * T::b_stage;
-    const int4* const src_b =
-        gB + static_cast<size_t>(kt) * T::k_rows * p.b_row_int4 + c * (T::n_chunks * 32);
+    const int4* const src_b = gB + static_cast<size_t>(f_kt) * (T::k_rows * p.b_row_int4) +
+                              f_c * (T::n_chunks * 32);
 #pragma unroll
-    for (int e = tid; e < T::b_stage; e += kThreads) {
-      const int row = e / (T::n_chunks * 32);
-      const int off = e - row * (T::n_chunks * 32);
-      ptx::cp_async16(db + e, src_b + static_cast<size_t>(row) * p.b_row_int4 + off);
-    }
+    for (int i = 0; i < kBCopies; ++i) ptx::cp_async16(db + tid + i * kThreads, src_b + b_src[i]);
 
-    // Activations: 128-byte rows of 8 16-byte units, unit u of row r stored at
-    // u ^ (r % 8) so that ldmatrix reads of eight rows hit eight bank groups.
     int4* const da = sh_a + slot * T::a_stage;
-    const int m0 = slab * T::m_rows;
+    const int rows_left = p.m - f_slab * T::m_rows;
+    const int4* const src_a =
+        gA + static_cast<size_t>(f_slab) * T::m_rows * a_row_int4 + f_kt * (T::k_tile / 8);
 #pragma unroll
-    for (int e = tid; e < T::a_stage; e += kThreads) {
-      const int r = e / (T::k_rows * 2);
-      const int unit = e - r * (T::k_rows * 2);
-      const int dst = (unit >> 3) * (T::m_rows * 8) + r * 8 + ((unit & 7) ^ (r & 7));
-      const bool valid = m0 + r < p.m;
-      const int4* src =
-          valid ? gA + static_cast<size_t>(m0 + r) * a_row_int4 + kt * (T::k_tile / 8) + unit : gA;
-      ptx::cp_async16_or_zero(da + dst, src, valid);
+    for (int i = 0; i < kACopies; ++i) {
+      if (a_row[i] < T::m_rows) {
+        const bool valid = a_row[i] < rows_left;
+        ptx::cp_async16_or_zero(da + a_dst[i], valid ? src_a + a_src[i] : gA, valid);
+      }
     }
 
-    if (grouped) {
-      const int s_rows = T::k_tile > p.group_size ? T::k_tile / p.group_size : 1;
-      const int first = (kt * T::k_tile) / p.group_size;
-      constexpr int per_row = T::n_chunks * 8;
-      int4* const ds = sh_s + slot * T::s_stage;
-      for (int e = tid; e < s_rows * per_row; e += kThreads) {
-        const int r = e / per_row;
-        const int off = e - r * per_row;
-        ptx::cp_async16(ds + e, gS + (static_cast<size_t>(first + r) * p.s_row_halves) / 8 +
-                                    c * (T::n_tile / 8) + off);
+    if (grouped && tid < s_rows * (T::n_chunks * 8)) {
+      const int r = tid / (T::n_chunks * 8);
+      const int off = tid % (T::n_chunks * 8);
+      const int group_row = ((f_kt * T::k_tile) >> p.group_shift) + r;
+      ptx::cp_async16(sh_s + slot * T::s_stage + tid,
+                      gS + static_cast<size_t>(group_row) * s_row_int4 + f_c * (T::n_tile / 8) + off);
+    }
+    if (++f_kt == k_tiles) {
+      f_kt = 0;
+      if (++f_c == n_tiles) {
+        f_c = 0;
+        ++f_slab;
       }
     }
   };
@@ -109,8 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Args p) {
   };
 
   // ---- shared -> registers -> tensor cores -----------------------------------
-  auto compute_stage = [&](int i) {
-    const int slot = i % T::stages;
+  auto compute_stage = [&](int slot) {
     const int4* const sb = sh_b + slot * T::b_stage;
     const int4* const sa = sh_a + slot * T::a_stage;
     const int4* const ss = sh_s + slot * T::s_stage;
@@ -121,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Args p) {
       Frag16x16 f[4] = {dequant_u4b8(w.x), dequant_u4b8(w.y), dequant_u4b8(w.z),
                         dequant_u4b8(w.w)};
       if (grouped) {
-        const int s_row = T::k_tile > p.group_size ? (16 * row) / p.group_size : 0;
+        const int s_row = (16 * row) >> p.group_shift;  // 0 when the group spans the tile
         const int4 sc = ss[s_row * (T::n_chunks * 8) + warp_n * 8 + (lane >> 2)];
         scale_frag(f[0], sc.x);
         scale_frag(f[1], sc.y);
@@ -252,43 +274,57 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Args p) {
     ptx::cp_async_commit();
   }
   zero_acc();
+  int c_kt = u_begin % k_tiles;  // k tile of the unit being computed
+  int slot = 0;
+  int fetch_slot = T::stages - 1;
 #pragma unroll 1
   for (int i = 0; i < count; ++i) {
     ptx::cp_async_wait<T::stages - 2>();
     __syncthreads();
     // The slot refilled here was consumed in iteration i-1, which every warp
     // finished before the barrier above.
-    const int next = i + T::stages - 1;
-    if (next < count) load_stage(next);
+    if (i + T::stages - 1 < count) load_stage(fetch_slot);
     ptx::cp_async_commit();
-    compute_stage(i);
-    const int u = u_begin + i;
-    if ((u % k_tiles) == k_tiles - 1 || i == count - 1) finish_column(u);
+    fetch_slot = fetch_slot == T::stages - 1 ? 0 : fetch_slot + 1;
+    compute_stage(slot);
+    slot = slot == T::stages - 1 ? 0 : slot + 1;
+    if (c_kt == k_tiles - 1 || i == count - 1) finish_column(u_begin + i);
+    c_kt = c_kt == k_tiles - 1 ? 0 : c_kt + 1;
   }
   ptx::cp_async_wait<0>();
 }
 
 template <class T>
-cudaError_t launch_tile(const Args& args, int grid, cudaStream_t stream, int dev, int* stage) {
-  // The attribute lives in the device's context: set it, and check that a block
-  // can be resident, once per device (a benign race only repeats the work).
-  static bool configured[kMaxDevices] = {};
-  if (dev < 0 || dev >= kMaxDevices || !configured[dev]) {
+cudaError_t launch_tile(Args& args, const Launch& launch, int* stage) {
+  // Attributes live in the device's context: set them, and learn how many
+  // blocks can be resident, once per device (a benign race repeats the work).
+  static int resident[kMaxDevices] = {};
+  const int dev = launch.dev;
+  int blocks = (dev >= 0 && dev < kMaxDevices) ? resident[dev] : 0;
+  if (blocks == 0) {
     cudaError_t err = cudaFuncSetAttribute(gemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(T::smem_bytes));
     if (err != cudaSuccess) {
       *stage = FERRUM_STAGE_FUNCTION_ATTRIBUTE;
       return err;
     }
-    int blocks = 0;
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_kernel<T>, kThreads, T::smem_bytes);
     if (err != cudaSuccess || blocks < 1) {
       *stage = FERRUM_STAGE_BLOCKS_PER_SM;
       return err != cudaSuccess ? err : cudaErrorLaunchOutOfResources;
     }
-    if (dev >= 0 && dev < kMaxDevices) configured[dev] = true;
+    blocks = blocks < T::min_blocks ? blocks : T::min_blocks;
+    if (dev >= 0 && dev < kMaxDevices) resident[dev] = blocks;
   }
-  gemm_kernel<T><<<grid, kThreads, T::smem_bytes, stream>>>(args);
+  // Every block must be resident at once: blocks wait on their predecessor.
+  const int n_tiles = args.n / T::n_tile;
+  const int k_tiles = args.k / T::k_tile;
+  const int total = args.slabs * n_tiles * k_tiles;
+  int grid = launch.sms * blocks;
+  if (grid > total) grid = total;
+  args.iters = (total + grid - 1) / grid;
+  grid = (total + args.iters - 1) / args.iters;
+  gemm_kernel<T><<<grid, kThreads, T::smem_bytes, launch.stream>>>(args);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
   return err;

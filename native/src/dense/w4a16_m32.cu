@@ -5,15 +5,14 @@
 namespace ferrum::w4a16 {
 
 template <>
-cudaError_t launch_m8<4>(NConfig nc, const Args& args, int grid, cudaStream_t stream, int dev,
-                          int* stage) {
+cudaError_t launch_m8<4>(NConfig nc, Args& args, const Launch& launch, int* stage) {
   switch (nc) {
     case NConfig::N128_K128:
-      return launch_tile<Tile<4, NConfig::N128_K128>>(args, grid, stream, dev, stage);
+      return launch_tile<Tile<4, NConfig::N128_K128>>(args, launch, stage);
     case NConfig::N256_K64:
-      return launch_tile<Tile<4, NConfig::N256_K64>>(args, grid, stream, dev, stage);
+      return launch_tile<Tile<4, NConfig::N256_K64>>(args, launch, stage);
     case NConfig::N64_K128:
-      return launch_tile<Tile<4, NConfig::N64_K128>>(args, grid, stream, dev, stage);
+      return launch_tile<Tile<4, NConfig::N64_K128>>(args, launch, stage);
   }
   return cudaErrorInvalidValue;
 }
