@@ -132,48 +132,108 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   };
 
   // ---- shared -> registers -> tensor cores -----------------------------------
+  // Activation fragments of one 16-deep k step: bf[j] = {k..k+1, k+8..k+9} of
+  // m8 tile j. Matrix (lane/8) of ldmatrix.x4 is (tile jp + lane/16, k half
+  // (lane/8)%2); .x2 uses only the two k halves.
+  auto load_activations = [&](const int4* sa, int row, uint32_t (&bf)[T::m8][2]) {
+    const int r8 = lane & 7;
+    const int unit = 2 * row + ((lane >> 3) & 1);
+    if constexpr (T::m8 == 1) {
+      uint32_t r[2];
+      ptx::ldmatrix_x2(r, sa + (unit >> 3) * (T::m_rows * 8) + r8 * 8 + ((unit & 7) ^ r8));
+      bf[0][0] = r[0];
+      bf[0][1] = r[1];
+    } else {
+#pragma unroll
+      for (int jp = 0; jp < T::m8; jp += 2) {
+        const int mr = 8 * (jp + (lane >> 4)) + r8;
+        uint32_t r[4];
+        ptx::ldmatrix_x4(r, sa + (unit >> 3) * (T::m_rows * 8) + mr * 8 + ((unit & 7) ^ r8));
+        bf[jp][0] = r[0];
+        bf[jp][1] = r[1];
+        bf[jp + 1][0] = r[2];
+        bf[jp + 1][1] = r[3];
+      }
+    }
+  };
+  auto weight_word = [&](const int4* sb, int row) {
+    return sb[(row * T::n_chunks + warp_n) * 32 + lane];
+  };
+
+  // Small slabs: bias-free products (see u4b8_bias_fragment) and fp32 scales
+  // per group, which keeps the fp16 pipe nearly idle. Larger slabs are
+  // tensor-core bound: dequantise to scaled fp16 fragments and multiply once.
+  constexpr bool kBiasFree = T::m8 <= 2;
   auto compute_stage = [&](int slot) {
     const int4* const sb = sh_b + slot * T::b_stage;
     const int4* const sa = sh_a + slot * T::a_stage;
     const int4* const ss = sh_s + slot * T::s_stage;
+    if constexpr (kBiasFree) {
+      const Frag16x16 bias = u4b8_bias_fragment();
+      const half2 inv16 = ptx::as_half2(0x2c002c00u);
+      auto row_products = [&](float (&d)[4][T::m8][4], int rr, bool fresh) {
+        const int row = warp_k + rr * T::warps_k;
+        const int4 w = weight_word(sb, row);
+        const Frag16x16 f[4] = {extract_u4(w.x), extract_u4(w.y), extract_u4(w.z), extract_u4(w.w)};
+        uint32_t bf[T::m8][2];
+        load_activations(sa, row, bf);
 #pragma unroll
-    for (int rr = 0; rr < T::rows_per_warp; ++rr) {
-      const int row = warp_k + rr * T::warps_k;
-      const int4 w = sb[(row * T::n_chunks + warp_n) * 32 + lane];
-      Frag16x16 f[4] = {dequant_u4b8(w.x), dequant_u4b8(w.y), dequant_u4b8(w.z),
-                        dequant_u4b8(w.w)};
+        for (int j = 0; j < T::m8; ++j) bf[j][1] = ptx::as_u32(__hmul2(ptx::as_half2(bf[j][1]), inv16));
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int j = 0; j < T::m8; ++j) {
+            if (fresh)
+              ptx::mma_16816_zero(d[t][j], f[t].r, bf[j][0], bf[j][1]);
+            else
+              ptx::mma_16816(d[t][j], f[t].r, bf[j][0], bf[j][1]);
+            ptx::mma_16816(d[t][j], bias.r, bf[j][0], bf[j][1]);
+          }
+      };
       if (grouped) {
-        const int s_row = (16 * row) >> p.group_shift;  // 0 when the group spans the tile
-        const int4 sc = ss[s_row * (T::n_chunks * 8) + warp_n * 8 + (lane >> 2)];
-        scale_frag(f[0], sc.x);
-        scale_frag(f[1], sc.y);
-        scale_frag(f[2], sc.z);
-        scale_frag(f[3], sc.w);
-      }
-      // Activation fragments: matrix (lane/8) of ldmatrix.x4 is (m8 tile +
-      // (lane/16), k half (lane/8)%2); .x2 uses only the k halves.
-      const int r8 = lane & 7;
-      if constexpr (T::m8 == 1) {
-        const int unit = 2 * row + ((lane >> 3) & 1);
-        const int4* addr = sa + (unit >> 3) * (T::m_rows * 8) + r8 * 8 + ((unit & 7) ^ r8);
-        uint32_t bf[2];
-        ptx::ldmatrix_x2(bf, addr);
+        // The host guarantees group >= k_tile: one scale row per stage.
+        float part[4][T::m8][4];
 #pragma unroll
-        for (int t = 0; t < 4; ++t) ptx::mma_16816(acc[t][0], f[t].r, bf[0], bf[1]);
-      } else {
+        for (int rr = 0; rr < T::rows_per_warp; ++rr) row_products(part, rr, rr == 0);
+        const int4 sc = ss[warp_n * 8 + (lane >> 2)];
+        const uint32_t pairs[4] = {static_cast<uint32_t>(sc.x), static_cast<uint32_t>(sc.y),
+                                   static_cast<uint32_t>(sc.z), static_cast<uint32_t>(sc.w)};
 #pragma unroll
-        for (int jp = 0; jp < T::m8; jp += 2) {
-          const int mr = 8 * (jp + (lane >> 4)) + r8;
-          const int unit = 2 * row + ((lane >> 3) & 1);
-          const int4* addr = sa + (unit >> 3) * (T::m_rows * 8) + mr * 8 + ((unit & 7) ^ r8);
-          uint32_t bf[4];
-          ptx::ldmatrix_x4(bf, addr);
+        for (int t = 0; t < 4; ++t) {
+          const float2 s = __half22float2(ptx::as_half2(pairs[t]));  // rows g, g+8
 #pragma unroll
-          for (int t = 0; t < 4; ++t) {
-            ptx::mma_16816(acc[t][jp], f[t].r, bf[0], bf[1]);
-            ptx::mma_16816(acc[t][jp + 1], f[t].r, bf[2], bf[3]);
+          for (int j = 0; j < T::m8; ++j) {
+            acc[t][j][0] = fmaf(s.x, part[t][j][0], acc[t][j][0]);
+            acc[t][j][1] = fmaf(s.x, part[t][j][1], acc[t][j][1]);
+            acc[t][j][2] = fmaf(s.y, part[t][j][2], acc[t][j][2]);
+            acc[t][j][3] = fmaf(s.y, part[t][j][3], acc[t][j][3]);
           }
         }
+      } else {
+#pragma unroll
+        for (int rr = 0; rr < T::rows_per_warp; ++rr) row_products(acc, rr, false);
+      }
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < T::rows_per_warp; ++rr) {
+        const int row = warp_k + rr * T::warps_k;
+        const int4 w = weight_word(sb, row);
+        Frag16x16 f[4] = {dequant_u4b8(w.x), dequant_u4b8(w.y), dequant_u4b8(w.z),
+                          dequant_u4b8(w.w)};
+        if (grouped) {
+          const int s_row = (16 * row) >> p.group_shift;  // 0 when the group spans the tile
+          const int4 sc = ss[s_row * (T::n_chunks * 8) + warp_n * 8 + (lane >> 2)];
+          scale_frag(f[0], sc.x);
+          scale_frag(f[1], sc.y);
+          scale_frag(f[2], sc.z);
+          scale_frag(f[3], sc.w);
+        }
+        uint32_t bf[T::m8][2];
+        load_activations(sa, row, bf);
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int j = 0; j < T::m8; ++j) ptx::mma_16816(acc[t][j], f[t].r, bf[j][0], bf[j][1]);
       }
     }
   };
