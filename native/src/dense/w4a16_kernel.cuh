@@ -78,7 +78,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   const int s_rows = grouped && T::k_tile > (1 << p.group_shift) ? T::k_tile >> p.group_shift : 1;
   const int s_row_int4 = p.s_row_halves / 8;
 
-  // Fetch cursor: the unit the next load_stage call copies.
+  // Fetch cursor (the unit the next load_stage call copies) and the global
+  // addresses of this thread's copies for it. Within a column the addresses
+  // only advance by a fixed step per stage; `seek` recomputes them when the
+  // cursor enters a new column.
   int f_kt, f_c, f_slab;
   {
     const int col = u_begin / k_tiles;
@@ -86,37 +89,60 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     f_slab = col / n_tiles;
     f_c = col - f_slab * n_tiles;
   }
-  auto load_stage = [&](int slot) {
-    int4* const db = sh_b + slot * T::b_stage;
-    const int4* const src_b = gB + static_cast<size_t>(f_kt) * (T::k_rows * p.b_row_int4) +
-                              f_c * (T::n_chunks * 32);
+  const int s_copies = grouped ? s_rows * (T::n_chunks * 8) : 0;
+  const size_t b_step = static_cast<size_t>(T::k_rows) * p.b_row_int4;
+  const int4* pb[kBCopies];
+  const int4* pa[kACopies];
+  int a_step[kACopies];
+  bool a_live[kACopies];
+  const int4* ps = gS;
+  auto seek = [&]() {
+    const int4* const b0 = gB + static_cast<size_t>(f_kt) * b_step + f_c * (T::n_chunks * 32);
 #pragma unroll
-    for (int i = 0; i < kBCopies; ++i) ptx::cp_async16(db + tid + i * kThreads, src_b + b_src[i]);
-
-    int4* const da = sh_a + slot * T::a_stage;
+    for (int i = 0; i < kBCopies; ++i) pb[i] = b0 + b_src[i];
     const int rows_left = p.m - f_slab * T::m_rows;
-    const int4* const src_a =
+    const int4* const a0 =
         gA + static_cast<size_t>(f_slab) * T::m_rows * a_row_int4 + f_kt * (T::k_tile / 8);
 #pragma unroll
     for (int i = 0; i < kACopies; ++i) {
-      if (a_row[i] < T::m_rows) {
-        const bool valid = a_row[i] < rows_left;
-        ptx::cp_async16_or_zero(da + a_dst[i], valid ? src_a + a_src[i] : gA, valid);
-      }
+      // Rows past the end of A become zero rows; their copies read nothing.
+      a_live[i] = a_row[i] < rows_left;
+      pa[i] = a_live[i] ? a0 + a_src[i] : gA;
+      a_step[i] = a_live[i] ? T::k_tile / 8 : 0;
     }
-
-    if (grouped && tid < s_rows * (T::n_chunks * 8)) {
+    if (tid < s_copies) {
       const int r = tid / (T::n_chunks * 8);
       const int off = tid % (T::n_chunks * 8);
       const int group_row = ((f_kt * T::k_tile) >> p.group_shift) + r;
-      ptx::cp_async16(sh_s + slot * T::s_stage + tid,
-                      gS + static_cast<size_t>(group_row) * s_row_int4 + f_c * (T::n_tile / 8) + off);
+      ps = gS + static_cast<size_t>(group_row) * s_row_int4 + f_c * (T::n_tile / 8) + off;
     }
+  };
+  seek();
+  auto load_stage = [&](int slot) {
+    int4* const db = sh_b + slot * T::b_stage + tid;
+#pragma unroll
+    for (int i = 0; i < kBCopies; ++i) ptx::cp_async16(db + i * kThreads, pb[i]);
+    int4* const da = sh_a + slot * T::a_stage;
+#pragma unroll
+    for (int i = 0; i < kACopies; ++i) {
+      if (a_row[i] < T::m_rows) ptx::cp_async16_or_zero(da + a_dst[i], pa[i], a_live[i]);
+    }
+    if (tid < s_copies) ptx::cp_async16(sh_s + slot * T::s_stage + tid, ps);
     if (++f_kt == k_tiles) {
       f_kt = 0;
       if (++f_c == n_tiles) {
         f_c = 0;
         ++f_slab;
+      }
+      seek();
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBCopies; ++i) pb[i] += b_step;
+#pragma unroll
+      for (int i = 0; i < kACopies; ++i) pa[i] += a_step[i];
+      if (tid < s_copies) {
+        const int rows_before = ((f_kt - 1) * T::k_tile) >> p.group_shift;
+        ps += static_cast<size_t>(((f_kt * T::k_tile) >> p.group_shift) - rows_before) * s_row_int4;
       }
     }
   };

@@ -1,0 +1,480 @@
+"""The C ABI of libferrum_marlin.so against the header and ferrum_ffi._native.
+
+Needs the built library (found through the normal loader: the installed
+package, or FERRUM_MARLIN_LIBRARY); skipped cleanly only when it cannot be
+found. No test here needs a GPU: the native argument checks run before any
+device query, and on a machine without a GPU every entry point must answer a
+staged status instead of crashing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ferrum_ffi
+from ferrum_ffi import _native
+from ferrum_ffi._native import PROTOTYPES, NativeLibrary
+from ferrum_ffi.status import STAGES, LibraryError, NativeError, StagedNativeStatus, _CUDA_ERROR_NAMES
+from ferrum_ffi.validation import W4A16Problem
+
+HEADER = Path(__file__).resolve().parents[1] / "native" / "include" / "ferrum_marlin.h"
+
+# ---- parsing the header ------------------------------------------------------------
+
+
+def _header_text() -> str:
+    text = HEADER.read_text()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    return re.sub(r"//[^\n]*", " ", text)
+
+
+def _header_defines() -> dict[str, int]:
+    return {
+        name: int(value)
+        for name, value in re.findall(r"^\s*#\s*define\s+(\w+)\s+(-?\d+)\s*$", _header_text(), flags=re.M)
+    }
+
+
+def _parse_declarations() -> dict[str, tuple[str, list[str]]]:
+    """name -> (return type, parameter declarations) of every FERRUM_API function."""
+    code = "\n".join(line for line in _header_text().splitlines() if not line.lstrip().startswith("#"))
+    declarations = {}
+    pattern = re.compile(r"FERRUM_API\s+([\w\s\*]+?)\s*\b(\w+)\s*\(([^)]*)\)\s*;", re.S)
+    for ret, name, params in pattern.findall(code):
+        params = " ".join(params.split())
+        args = [] if params in ("", "void") else [p.strip() for p in params.split(",")]
+        assert name not in declarations, f"{name} declared twice"
+        declarations[name] = (" ".join(ret.split()), args)
+    return declarations
+
+
+DECLARATIONS = _parse_declarations()
+
+
+def _c_kind(declaration: str) -> str:
+    """'pointer', 'size_t' or 'int' for a C return type or parameter declaration."""
+    if "*" in declaration or "ferrum_stream_t" in declaration:
+        return "pointer"
+    words = declaration.replace("const", " ").split()
+    if words and words[0] == "size_t":
+        return "size_t"
+    if words and words[0] == "int":
+        return "int"
+    raise AssertionError(f"unexpected C type in {declaration!r}")
+
+
+def _ctypes_kind(ctype: object) -> str:
+    if ctype is ctypes.c_int:
+        return "int"
+    if ctype is ctypes.c_size_t:
+        return "size_t"
+    if ctype in (ctypes.c_void_p, ctypes.c_char_p) or (
+        isinstance(ctype, type) and issubclass(ctype, ctypes._Pointer)
+    ):
+        return "pointer"
+    raise AssertionError(f"unexpected ctypes type {ctype!r}")
+
+
+# ---- header <-> PROTOTYPES (pure text, no library) -----------------------------------
+
+
+def test_header_parser_finds_the_declarations():
+    assert len(DECLARATIONS) >= 15
+    assert "marlin_cuda" in DECLARATIONS
+    assert len(DECLARATIONS["marlin_cuda"][1]) == 16  # a multi-line declaration
+    assert DECLARATIONS["ferrum_marlin_abi_version"] == ("int", [])
+    assert DECLARATIONS["ferrum_marlin_build_info"][0] == "const char*"
+
+
+def test_prototypes_and_header_name_the_same_functions_in_the_same_order():
+    assert list(PROTOTYPES) == list(DECLARATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(DECLARATIONS))
+def test_argument_count_and_kinds_match_the_header(name):
+    ret, params = DECLARATIONS[name]
+    restype, argtypes = PROTOTYPES[name]
+    assert len(argtypes) == len(params), f"{name}: header has {len(params)} parameters"
+    for index, (param, ctype) in enumerate(zip(params, argtypes)):
+        assert _ctypes_kind(ctype) == _c_kind(param), f"{name} parameter {index}: {param!r} vs {ctype!r}"
+    if _c_kind(ret) == "int":
+        assert restype is ctypes.c_int, name
+    elif "char" in ret:
+        assert restype is ctypes.c_char_p, name
+    else:
+        assert _ctypes_kind(restype) == "pointer", name
+
+
+def test_header_abi_version_matches_the_package():
+    assert _header_defines()["FERRUM_MARLIN_ABI_VERSION"] == ferrum_ffi.ABI_VERSION == _native.ABI_VERSION
+
+
+def test_header_stage_defines_match_the_python_stage_table():
+    stages = {
+        value: name[len("FERRUM_STAGE_"):].lower().replace("_", "-")
+        for name, value in _header_defines().items()
+        if name.startswith("FERRUM_STAGE_")
+    }
+    assert stages == dict(STAGES)
+
+
+# ---- the library -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lib() -> NativeLibrary:
+    try:
+        return ferrum_ffi.library()
+    except LibraryError as exc:
+        pytest.skip(f"libferrum_marlin.so not available: {exc}")
+
+
+@pytest.fixture(scope="module")
+def no_gpu(lib) -> None:
+    if ferrum_ffi.device_count() > 0:
+        pytest.skip("a CUDA device is visible; this test is about GPU-less machines")
+
+
+def _defined_dynamic_symbols(path: Path) -> list[tuple[str, str]]:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    output = subprocess.run([nm, "-D", "--defined-only", str(path)], check=True, capture_output=True, text=True)
+    symbols = []
+    for line in output.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            symbols.append((parts[-2], parts[-1].split("@")[0]))
+    return symbols
+
+
+def test_every_header_function_is_exported(lib):
+    for name in DECLARATIONS:
+        assert getattr(lib.cdll, name) is not None
+    text_symbols = {name for kind, name in _defined_dynamic_symbols(lib.path) if kind in "TtWwi"}
+    assert set(DECLARATIONS) <= text_symbols
+
+
+def test_the_library_exports_nothing_else(lib):
+    # 'A' entries are version nodes (GLIBC_x, ...), not symbols of the library.
+    exported = {name for kind, name in _defined_dynamic_symbols(lib.path) if kind != "A"}
+    assert exported - set(DECLARATIONS) == set(), "exported but not in the header"
+
+
+def test_abi_version(lib):
+    assert lib.abi_version == ferrum_ffi.ABI_VERSION
+    assert lib.cdll.ferrum_marlin_abi_version() == _header_defines()["FERRUM_MARLIN_ABI_VERSION"]
+
+
+def test_stage_names_match_python(lib):
+    for stage in range(0, 11):
+        name = lib.ferrum_marlin_status_stage_name(stage).decode()
+        assert name == STAGES.get(stage, "unknown"), stage
+    assert lib.ferrum_marlin_status_stage_name(-1).decode() == "unknown"
+
+
+def test_build_info_names_version_abi_and_architectures(lib):
+    info = lib.build_info
+    assert "archs" in info
+    assert re.search(r"\b\d{2,3}[a-f]?(-real|-virtual)?\b", info.split("archs", 1)[1]), info
+    assert f"abi {ferrum_ffi.ABI_VERSION}" in info
+
+
+def _cuda_error_name_cases():
+    for code, name in _CUDA_ERROR_NAMES.items():
+        marks = ()
+        if code == 10 and name == "cudaErrorInvalidPitchValue":
+            marks = pytest.mark.xfail(
+                reason="status.py maps 10 to cudaErrorInvalidPitchValue; the runtime's is 12, 10 is unused"
+            )
+        yield pytest.param(code, name, marks=marks, id=f"{code}")
+
+
+@pytest.mark.parametrize("code, name", list(_cuda_error_name_cases()))
+def test_python_cuda_error_names_agree_with_the_runtime(lib, code, name):
+    assert lib.ferrum_marlin_cuda_error_name(code).decode() == name
+
+
+def test_last_error_is_a_string(lib):
+    assert isinstance(lib.last_error(), str)
+
+
+# ---- the loader ------------------------------------------------------------------
+
+
+def test_missing_library_is_a_library_error_naming_the_path(monkeypatch, tmp_path):
+    missing = tmp_path / "nowhere" / "libferrum_marlin.so"
+    monkeypatch.setenv(_native.ENV_LIBRARY, str(missing))
+    monkeypatch.setattr(_native, "_library", None)
+    with pytest.raises(LibraryError, match=re.escape(str(missing))) as info:
+        ferrum_ffi.library()
+    assert _native.ENV_LIBRARY in str(info.value)
+    assert _native._library is None
+
+
+def test_unloadable_file_is_a_library_error(monkeypatch, tmp_path):
+    bogus = tmp_path / "libferrum_marlin.so"
+    bogus.write_text("not an ELF file")
+    monkeypatch.setenv(_native.ENV_LIBRARY, str(bogus))
+    monkeypatch.setattr(_native, "_library", None)
+    with pytest.raises(LibraryError, match="cannot load"):
+        ferrum_ffi.library()
+
+
+def test_library_is_loaded_once(lib):
+    assert ferrum_ffi.library() is ferrum_ffi.library()
+
+
+def test_abi_mismatch_is_refused(lib, monkeypatch):
+    monkeypatch.setattr(_native, "ABI_VERSION", 999)
+    with pytest.raises(LibraryError) as info:
+        NativeLibrary(lib.path)
+    message = str(info.value)
+    assert "999" in message
+    assert f"ABI version {lib.abi_version}" in message
+    assert str(lib.path) in message
+
+
+def test_unknown_attribute_is_not_forwarded(lib):
+    with pytest.raises(AttributeError):
+        lib.not_a_symbol  # noqa: B018
+
+
+# ---- marlin_cuda's own argument checks (before any device query) -------------------
+
+GOOD = dict(
+    A=0x1000, B=0x2000, C=0x3000, s=0x4000, prob_m=16, prob_n=256, prob_k=256, workspace=0x5000,
+    groupsize=128, dev=0, stream=None, thread_k=-1, thread_n=-1, sms=-1, max_par=16, prob_n_full=-1,
+)
+
+
+def call_marlin(lib, **changes) -> tuple[StagedNativeStatus | None, str]:
+    args = {**GOOD, **changes}
+    code = lib.marlin_cuda(*args.values())
+    return StagedNativeStatus.decode(code), lib.last_error()
+
+
+def test_argument_table_follows_the_prototype():
+    assert len(GOOD) == len(PROTOTYPES["marlin_cuda"][1])
+    header_names = [p.replace("*", " ").split()[-1] for p in DECLARATIONS["marlin_cuda"][1]]
+    assert header_names == list(GOOD)
+
+
+def _expect(status: StagedNativeStatus | None, stage: int) -> None:
+    assert status is not None
+    assert status.stage == stage, status
+    assert status.stage_name == STAGES[stage]
+    assert status.cuda_status == _header_defines()["FERRUM_STATUS_INVALID_VALUE"]
+
+
+def test_null_a_is_an_argument_error(lib):
+    status, message = call_marlin(lib, A=None)
+    _expect(status, 7)
+    assert "A must not be null" in message
+
+
+@pytest.mark.parametrize("name", ["B", "C", "s", "workspace"])
+def test_each_null_pointer_is_named(lib, name):
+    status, message = call_marlin(lib, **{name: None})
+    _expect(status, 7)
+    assert f"{name} must not be null" in message
+
+
+def test_misaligned_b_is_an_argument_error(lib):
+    status, message = call_marlin(lib, B=0x1008)
+    _expect(status, 7)
+    assert "B" in message and "16-byte" in message and "0x1008" in message
+
+
+def test_workspace_needs_only_4_byte_alignment(lib):
+    status, message = call_marlin(lib, workspace=0x5002)
+    _expect(status, 7)
+    assert "workspace" in message and "4-byte" in message
+
+
+def test_prob_n_not_multiple_of_64_is_a_shape_error(lib):
+    status, message = call_marlin(lib, prob_n=96)
+    _expect(status, 8)
+    assert "prob_n=96" in message and "64" in message
+
+
+def test_prob_k_not_multiple_of_128_is_a_shape_error(lib):
+    status, message = call_marlin(lib, prob_k=192)
+    _expect(status, 8)
+    assert "prob_k=192" in message and "128" in message
+
+
+def test_groupsize_64_is_a_shape_error(lib):
+    status, message = call_marlin(lib, groupsize=64)
+    _expect(status, 8)
+    assert "groupsize=64" in message
+
+
+def test_unsupported_tile_is_a_shape_error(lib):
+    status, message = call_marlin(lib, thread_k=64, thread_n=64)
+    _expect(status, 8)
+    assert "thread_k=64" in message and "thread_n=64" in message
+
+
+def test_forced_tile_wider_than_n_is_a_shape_error(lib):
+    status, message = call_marlin(lib, prob_n=128, thread_k=64, thread_n=256)
+    _expect(status, 8)
+    assert "tile width 256" in message
+
+
+def test_n_full_smaller_than_n_is_a_shape_error(lib):
+    status, message = call_marlin(lib, prob_n_full=128)
+    _expect(status, 8)
+    assert "prob_n_full=128" in message
+
+
+def test_max_par_zero_is_an_argument_error(lib):
+    status, message = call_marlin(lib, max_par=0)
+    _expect(status, 7)
+    assert "max_par=0" in message
+
+
+@pytest.mark.parametrize(
+    "changes, text",
+    [({"prob_m": -1}, "prob_m=-1"), ({"prob_n": 0}, "prob_n=0"), ({"prob_k": 0}, "prob_k=0"),
+     ({"sms": 0}, "sms=0"), ({"dev": -1}, "dev=-1")],
+)
+def test_other_argument_errors(lib, changes, text):
+    status, message = call_marlin(lib, **changes)
+    _expect(status, 7)
+    assert text in message
+
+
+def test_too_few_locks_for_the_column_tiles_is_a_shape_error(lib):
+    # n=192 runs three 64-wide tiles, but max(1, 192/128) * max_par = 1 lock.
+    status, message = call_marlin(lib, prob_n=192, max_par=1)
+    _expect(status, 8)
+    assert "raise max_par" in message
+
+
+def test_prob_m_zero_is_a_no_op_even_with_null_pointers(lib):
+    status, message = call_marlin(lib, A=None, B=None, C=None, s=None, workspace=None, prob_m=0)
+    assert status is None
+    assert message == ""
+
+
+def test_a_success_clears_the_previous_error(lib):
+    call_marlin(lib, A=None)
+    assert lib.last_error()
+    call_marlin(lib, prob_m=0)
+    assert lib.last_error() == ""
+
+
+def test_check_raises_native_error_with_the_native_detail(lib):
+    code = lib.marlin_cuda(*{**GOOD, "prob_n": 96}.values())
+    with pytest.raises(NativeError) as info:
+        lib.check("marlin_cuda", code, {"n": 96})
+    err = info.value
+    assert (err.stage, err.stage_name, err.cuda_status) == (8, "shape", 1)
+    assert err.cuda_status_name == "cudaErrorInvalidValue"
+    assert "prob_n=96" in err.detail
+    assert "n=96" in str(err)
+    lib.check("marlin_cuda", 0)  # success: nothing raised
+
+
+# ---- runtime helpers --------------------------------------------------------------
+
+
+def test_memset_of_zero_bytes_is_a_no_op(lib):
+    assert lib.ferrum_marlin_memset_async(None, 0, 0, None) == 0
+
+
+def test_memset_of_null_is_an_argument_error(lib):
+    status = StagedNativeStatus.decode(lib.ferrum_marlin_memset_async(None, 0, 16, None))
+    assert (status.stage, status.stage_name) == (7, "argument")
+    assert "ptr" in lib.last_error()
+
+
+def test_null_out_pointers_are_argument_errors(lib):
+    for call, name in (
+        (lambda: lib.ferrum_marlin_device_count(None), "count"),
+        (lambda: lib.ferrum_marlin_pointer_device(ctypes.c_void_p(0x1000), None), "dev"),
+        (lambda: lib.ferrum_marlin_event_create(None), "event"),
+        (lambda: lib.ferrum_marlin_event_record(None, None), "event"),
+        (lambda: lib.ferrum_marlin_event_elapsed_ms(None, None, None), "start"),
+    ):
+        status = StagedNativeStatus.decode(call())
+        assert status is not None and status.stage == 7, name
+        assert name in lib.last_error()
+
+
+def test_destroying_a_null_event_and_waiting_on_oneself_are_no_ops(lib):
+    assert lib.ferrum_marlin_event_destroy(None) == 0
+    assert lib.ferrum_marlin_stream_wait(None, None) == 0
+
+
+def test_device_count_never_raises(lib):
+    count = ferrum_ffi.device_count()
+    assert isinstance(count, int) and count >= 0
+    raw = ctypes.c_int(-7)
+    code = lib.ferrum_marlin_device_count(ctypes.byref(raw))
+    if code != 0:
+        status = StagedNativeStatus.decode(code)
+        assert (status.stage, status.stage_name) == (9, "device")
+        assert raw.value == 0
+        assert count == 0
+        assert lib.last_error()
+    else:
+        assert raw.value == count
+
+
+# ---- without a GPU: statuses, not crashes -----------------------------------------
+
+
+def test_device_count_is_zero_without_a_gpu(lib, no_gpu):
+    assert ferrum_ffi.device_count() == 0
+
+
+def test_marlin_cuda_without_a_gpu_returns_a_staged_status(lib, no_gpu):
+    status, message = call_marlin(lib)
+    assert status is not None
+    assert status.stage in (1, 9), status
+    assert status.stage_name in ("sm-count", "device")
+    assert status.cuda_status != 0
+    assert status.cuda_status_name.startswith("cudaError")
+    assert message
+    assert status.cuda_status_name in message or lib.ferrum_marlin_cuda_error_name(status.cuda_status).decode() in message
+
+
+def test_launch_marlin_cuda_without_a_gpu_raises_native_error(lib, no_gpu):
+    problem = W4A16Problem(m=16, n=256, k=256, group_size=128)
+    with pytest.raises(NativeError) as info:
+        ferrum_ffi.launch_marlin_cuda(0x1000, 0x2000, 0x3000, 0x4000, problem, 0x5000)
+    err = info.value
+    assert err.entry_point == "marlin_cuda"
+    assert err.stage in (1, 9)
+    assert err.shape == {"m": 16, "n": 256, "k": 256, "group_size": 128}
+    assert err.detail
+    assert "marlin_cuda failed at stage" in str(err)
+
+
+def test_runtime_helpers_without_a_gpu_return_staged_statuses(lib, no_gpu):
+    name = ctypes.create_string_buffer(64)
+    major, minor, sms, mem = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t()
+    event = ctypes.c_void_p()
+    dev = ctypes.c_int(-5)
+    codes = {
+        "device_info": lib.ferrum_marlin_device_info(
+            0, name, len(name), ctypes.byref(major), ctypes.byref(minor), ctypes.byref(sms), ctypes.byref(mem)
+        ),
+        "pointer_device": lib.ferrum_marlin_pointer_device(ctypes.c_void_p(0x1000), ctypes.byref(dev)),
+        "event_create": lib.ferrum_marlin_event_create(ctypes.byref(event)),
+        "memset_async": lib.ferrum_marlin_memset_async(ctypes.c_void_p(0x1000), 0, 16, None),
+    }
+    for helper, code in codes.items():
+        status = StagedNativeStatus.decode(code)
+        assert status is not None, helper
+        assert status.stage in STAGES, (helper, status)
+        assert status.cuda_status != 0, helper
+        assert lib.last_error(), helper
