@@ -1,6 +1,6 @@
 // Thin wrappers over the PTX instructions every Marlin kernel of this library
 // uses (sm_80 and newer): asynchronous global->shared copies, shared-memory
-// matrix loads, the m16n8k16 tensor-core MMA, and gpu-scope acquire/release.
+// matrix loads, the m16n8k16 tensor-core MMA, and a gpu-scope acquire load.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -76,10 +76,6 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
-}
-
-__device__ __forceinline__ void st_release_gpu(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ half2 as_half2(uint32_t x) { return *reinterpret_cast<half2*>(&x); }

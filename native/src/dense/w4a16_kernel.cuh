@@ -9,9 +9,13 @@
 // increasing block index, and every block only ever waits for the block just
 // before it, which the hardware dispatched first — no cycles, no deadlock.
 //
-// Partials of a shared column are summed through C in fp16, serialised by an
-// int32 lock per column in the workspace; the last contributor resets its lock
-// to 0 so the workspace is zero again after every launch (graph capture).
+// Partials of a shared column are summed in C: the first-ready contributor
+// stores its fp16 partial, the others add theirs with fp16x2 atomics as soon as
+// it is there (no serial chain). An int32 lock per column in the workspace
+// counts contributors; the last one resets it to 0, so the workspace is zero
+// again after every launch (graph capture). With three or more contributors
+// the order of the atomic adds, hence the last fp16 rounding, may differ
+// between runs.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -197,47 +201,53 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     if constexpr (kBiasFree) {
       const Frag16x16 bias = u4b8_bias_fragment();
       const half2 inv16 = ptx::as_half2(0x2c002c00u);
-      auto row_products = [&](float (&d)[4][T::m8][4], int rr, bool fresh) {
+      // part: raw-image products of this stage's rows; corr: the bias
+      // products, identical for every 16-column tile, so computed once.
+      float part[4][T::m8][4];
+      float corr[T::m8][4];
+#pragma unroll
+      for (int rr = 0; rr < T::rows_per_warp; ++rr) {
         const int row = warp_k + rr * T::warps_k;
         const int4 w = weight_word(sb, row);
         const Frag16x16 f[4] = {extract_u4(w.x), extract_u4(w.y), extract_u4(w.z), extract_u4(w.w)};
         uint32_t bf[T::m8][2];
         load_activations(sa, row, bf);
 #pragma unroll
-        for (int j = 0; j < T::m8; ++j) bf[j][1] = ptx::as_u32(__hmul2(ptx::as_half2(bf[j][1]), inv16));
+        for (int j = 0; j < T::m8; ++j) {
+          bf[j][1] = ptx::as_u32(__hmul2(ptx::as_half2(bf[j][1]), inv16));
+          if (rr == 0)
+            ptx::mma_16816_zero(corr[j], bias.r, bf[j][0], bf[j][1]);
+          else
+            ptx::mma_16816(corr[j], bias.r, bf[j][0], bf[j][1]);
 #pragma unroll
-        for (int t = 0; t < 4; ++t)
-#pragma unroll
-          for (int j = 0; j < T::m8; ++j) {
-            if (fresh)
-              ptx::mma_16816_zero(d[t][j], f[t].r, bf[j][0], bf[j][1]);
+          for (int t = 0; t < 4; ++t) {
+            if (rr == 0)
+              ptx::mma_16816_zero(part[t][j], f[t].r, bf[j][0], bf[j][1]);
             else
-              ptx::mma_16816(d[t][j], f[t].r, bf[j][0], bf[j][1]);
-            ptx::mma_16816(d[t][j], bias.r, bf[j][0], bf[j][1]);
-          }
-      };
-      if (grouped) {
-        // The host guarantees group >= k_tile: one scale row per stage.
-        float part[4][T::m8][4];
-#pragma unroll
-        for (int rr = 0; rr < T::rows_per_warp; ++rr) row_products(part, rr, rr == 0);
-        const int4 sc = ss[warp_n * 8 + (lane >> 2)];
-        const uint32_t pairs[4] = {static_cast<uint32_t>(sc.x), static_cast<uint32_t>(sc.y),
-                                   static_cast<uint32_t>(sc.z), static_cast<uint32_t>(sc.w)};
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const float2 s = __half22float2(ptx::as_half2(pairs[t]));  // rows g, g+8
-#pragma unroll
-          for (int j = 0; j < T::m8; ++j) {
-            acc[t][j][0] = fmaf(s.x, part[t][j][0], acc[t][j][0]);
-            acc[t][j][1] = fmaf(s.x, part[t][j][1], acc[t][j][1]);
-            acc[t][j][2] = fmaf(s.y, part[t][j][2], acc[t][j][2]);
-            acc[t][j][3] = fmaf(s.y, part[t][j][3], acc[t][j][3]);
+              ptx::mma_16816(part[t][j], f[t].r, bf[j][0], bf[j][1]);
           }
         }
-      } else {
+      }
+      // Grouped: the host guarantees group >= k_tile, so one scale row per
+      // stage, applied in fp32. Channelwise scales wait for the epilogue.
+      uint32_t pairs[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};  // 1.0
+      if (grouped) {
+        const int4 sc = ss[warp_n * 8 + (lane >> 2)];
+        pairs[0] = sc.x;
+        pairs[1] = sc.y;
+        pairs[2] = sc.z;
+        pairs[3] = sc.w;
+      }
 #pragma unroll
-        for (int rr = 0; rr < T::rows_per_warp; ++rr) row_products(acc, rr, false);
+      for (int t = 0; t < 4; ++t) {
+        const float2 s = __half22float2(ptx::as_half2(pairs[t]));  // rows g, g+8
+#pragma unroll
+        for (int j = 0; j < T::m8; ++j) {
+          acc[t][j][0] = fmaf(s.x, part[t][j][0] + corr[j][0], acc[t][j][0]);
+          acc[t][j][1] = fmaf(s.x, part[t][j][1] + corr[j][1], acc[t][j][1]);
+          acc[t][j][2] = fmaf(s.y, part[t][j][2] + corr[j][2], acc[t][j][2]);
+          acc[t][j][3] = fmaf(s.y, part[t][j][3] + corr[j][3], acc[t][j][3]);
+        }
       }
     } else {
 #pragma unroll
@@ -294,10 +304,14 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       __syncthreads();
     }
 
+    // A shared column: the first partial (ready earliest, see the top of the
+    // file) is stored, the others are added atomically once it is in place.
+    // The lock counts finished contributors; the last one resets it to zero.
     int* const lock = p.locks + col;
-    if (contributors > 1 && order > 0) {
+    const bool shared_column = contributors > 1;
+    if (shared_column && order > 0) {
       if (tid == 0) {
-        while (ptx::ld_acquire_gpu(lock) != order) __nanosleep(64);
+        while (ptx::ld_acquire_gpu(lock) < 1) __nanosleep(32);
       }
       __syncthreads();
     }
@@ -325,28 +339,24 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
           vals[2 * e2 + 1] *= s.y;
         }
       }
-      int4* const dst = static_cast<int4*>(p.c) + (static_cast<size_t>(grow) * p.n + ncol) / 8;
-      if (order > 0) {
-        const int4 prev = __ldcg(dst);
-        const half2* ph = reinterpret_cast<const half2*>(&prev);
-#pragma unroll
-        for (int e2 = 0; e2 < 4; ++e2) {
-          const float2 f = __half22float2(ph[e2]);
-          vals[2 * e2] += f.x;
-          vals[2 * e2 + 1] += f.y;
-        }
-      }
       int4 out;
       half2* oh = reinterpret_cast<half2*>(&out);
 #pragma unroll
       for (int e2 = 0; e2 < 4; ++e2) oh[e2] = __floats2half2_rn(vals[2 * e2], vals[2 * e2 + 1]);
-      __stcg(dst, out);
+      int4* const dst = static_cast<int4*>(p.c) + (static_cast<size_t>(grow) * p.n + ncol) / 8;
+      if (order == 0) {
+        __stcg(dst, out);
+      } else {
+        half2* const dh = reinterpret_cast<half2*>(dst);
+#pragma unroll
+        for (int e2 = 0; e2 < 4; ++e2) atomicAdd(dh + e2, oh[e2]);
+      }
     }
 
-    if (contributors > 1) {
+    if (shared_column) {
       __threadfence();
       __syncthreads();
-      if (tid == 0) ptx::st_release_gpu(lock, order == contributors - 1 ? 0 : order + 1);
+      if (tid == 0 && atomicAdd(lock, 1) == contributors - 1) atomicExch(lock, 0);
     } else {
       __syncthreads();
     }
