@@ -67,7 +67,8 @@ class Timer:
         return statistics.median(times)
 
 
-def bench_shape(cp, ff, timer: Timer, k: int, n: int, m_values, repeat: int, read_kernel, sms: int):
+def bench_shape(cp, ff, timer: Timer, k: int, n: int, m_values, repeat: int, read_kernel, sms: int,
+                tile: tuple[int, int] = (-1, -1)):
     from ferrum_ffi.formats import marlin_pack_int4, marlin_permute_scales
 
     rng = np.random.default_rng(k * 7 + n)
@@ -93,7 +94,8 @@ def bench_shape(cp, ff, timer: Timer, k: int, n: int, m_values, repeat: int, rea
         a = cp.asarray(rng.standard_normal((m, k)).astype(np.float16))
         out = cp.empty((m, n), dtype=cp.float16)
         ref = cp.empty((m, n), dtype=cp.float16)
-        marlin_us = timer.median_us(lambda: ff.marlin_gemm(a, weight, out=out), repeat)
+        marlin_us = timer.median_us(
+            lambda: ff.marlin_gemm(a, weight, out=out, thread_k=tile[0], thread_n=tile[1]), repeat)
         cublas_us = timer.median_us(lambda: cp.matmul(a, w16, out=ref), repeat)
         rows.append(
             {
@@ -118,6 +120,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--m", type=int, nargs="*", default=list(M_VALUES))
     parser.add_argument("--json", type=Path, default=Path("bench_w4a16.json"))
+    parser.add_argument("--shapes", type=str, default="", help="k x n list, e.g. 8192x28672,4096x4096")
+    parser.add_argument("--tile", type=int, nargs=2, default=(-1, -1), metavar=("THREAD_K", "THREAD_N"),
+                        help="force a tile (for tuning); default automatic")
     args = parser.parse_args(argv)
     try:
         import cupy as cp
@@ -133,13 +138,15 @@ def main(argv=None) -> int:
     os.environ["FERRUM_MARLIN_SKIP_WS_ZERO"] = "1"
     ff.profile.runtime_config.cache_clear()
     shapes = SHAPES[:1] + SHAPES[3:4] if args.quick else SHAPES
+    if args.shapes:
+        shapes = tuple(tuple(int(v) for v in item.split("x")) for item in args.shapes.split(","))
     repeat = max(5, args.repeat // 3) if args.quick else args.repeat
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     read_kernel = cp.RawKernel(_READ_KERNEL, "stream_read")
     timer = Timer(cp)
     results = []
     for k, n in shapes:
-        results += bench_shape(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms)
+        results += bench_shape(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, tuple(args.tile))
     args.json.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                                      "results": results}, indent=2))
     print(f"{'k x n':>13} {'m':>5} {'marlin us':>10} {'cublas us':>10} {'read us':>8} "
