@@ -156,9 +156,9 @@ def random_layer(k: int, n: int, group_size: int, seed: int) -> QuantizedLayer:
 class Timer:
     """Median of CUDA-event times, with the L2 flushed by a large fill before each launch."""
 
-    def __init__(self, cp: Any, flush_bytes: int = FLUSH_BYTES) -> None:
+    def __init__(self, cp: Any, flush_bytes: int | None = None) -> None:
         self.cp = cp
-        self.flush = cp.empty(flush_bytes // 4, dtype=cp.int32)
+        self.flush = cp.empty((FLUSH_BYTES if flush_bytes is None else flush_bytes) // 4, dtype=cp.int32)
         self.start = cp.cuda.Event()
         self.end = cp.cuda.Event()
 
@@ -265,21 +265,21 @@ def _check_demo_args(args: argparse.Namespace) -> str | None:
     from .validation import W4A16Problem, validate_w4a16
 
     if args.repeat < 1:
-        return f"--repeat={args.repeat} must be >= 1"
+        return f"demo: --repeat={args.repeat} must be >= 1"
     if any(m < 1 for m in args.m):
-        return f"--m values must be >= 1, got {args.m}"
+        return f"demo: --m values must be >= 1, got {args.m}"
     try:
         for m in args.m:
             validate_w4a16(W4A16Problem(m=m, n=args.n, k=args.k, group_size=args.group_size), "demo")
     except FerrumError as exc:
-        return str(exc)
+        return str(exc)  # "demo: k=100 must be divisible by 128"
     return None
 
 
 def run_demo(args: argparse.Namespace) -> int:
     problem = _check_demo_args(args)
     if problem:
-        print(f"demo: {problem}", file=sys.stderr)
+        print(problem, file=sys.stderr)
         return 2
     try:
         lib = library()
@@ -326,7 +326,9 @@ def _demo_on_gpu(cp: Any, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ferrum_ffi", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ferrum_ffi", description="ferrum_ffi: what the native library sees, and a W4A16 demo."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="library, ABI, build architectures and visible devices")
     demo = commands.add_parser("demo", help="quantise a large layer, check and time marlin_gemm against cuBLAS")
@@ -334,8 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--n", type=int, default=28672, help="output features (multiple of 64)")
     demo.add_argument("--m", type=int, nargs="+", default=[1, 16], help="batch rows to run")
     demo.add_argument("--repeat", type=int, default=50, help="timed launches per measurement")
-    demo.add_argument("--group-size", type=int, default=128, choices=(128, -1))
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--group-size", type=int, default=128, choices=(128, -1), help="-1: one scale per column")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the random weights and activations")
     return parser
 
 
@@ -345,4 +347,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if hasattr(sys.stdout, "reconfigure"):  # never fail on a terminal that cannot show a dash
+        sys.stdout.reconfigure(errors="backslashreplace")
     sys.exit(main())

@@ -18,7 +18,9 @@ from .status import ArgumentError, ArgumentTypeError
 I32_MAX = 2**31 - 1
 W4A16_GROUP_SIZES = (-1, 128)
 # (thread_k, thread_n) pairs the W4A16 kernel is built for; (-1, -1) is automatic.
-W4A16_TILES = ((-1, -1), (128, 128), (64, 256), (128, 64))
+W4A16_TILES = ((-1, -1), (128, 128), (128, 256), (64, 256), (128, 64))
+# The deep (128, 256) tile is built for activation slabs of at most 16 rows.
+W4A16_DEEP_TILE_MAX_M = 16
 DEFAULT_MAX_PAR = 16
 
 
@@ -152,6 +154,8 @@ def validate_w4a16(problem: W4A16Problem, entry: str = "marlin_cuda") -> None:
     if p.thread_n != -1:
         check_multiple(entry, "n", p.n, p.thread_n)
         check_multiple(entry, "k", p.k, p.thread_k)
+    if (p.thread_k, p.thread_n) == (128, 256) and p.m > W4A16_DEEP_TILE_MAX_M:
+        fail(f"{entry}: tile (thread_k=128, thread_n=256) serves m <= {W4A16_DEEP_TILE_MAX_M}, got m={p.m}")
     if p.sms != -1 and p.sms < 1:
         fail(f"{entry}: sms={p.sms} must be -1 (all) or >= 1")
     if p.max_par < 1:

@@ -82,6 +82,29 @@ def test_forced_tiles(cp, layer_4096, tile, m):
     assert relative_l2(cp, out, reference_gemm(cp, a, codes, scales, 128)) < TOLERANCE
 
 
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_deep_tile_for_small_slabs(cp, layer_4096, m):
+    weight, [(codes, scales)] = layer_4096[128]
+    a = activations(cp, m, 4096, seed=5 * m)
+    out = ff.marlin_gemm(a, weight, thread_k=128, thread_n=256)
+    assert relative_l2(cp, out, reference_gemm(cp, a, codes, scales, 128)) < TOLERANCE
+
+
+def test_deep_tile_rejects_tall_slabs(cp, layer_4096):
+    weight, _ = layer_4096[128]
+    with pytest.raises(ff.ArgumentError, match="prob_m <= 16|m <= 16"):
+        ff.marlin_gemm(activations(cp, 17, 4096), weight, thread_k=128, thread_n=256)
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_long_problem_auto_tile(cp, m):
+    k, n = 8192, 28672
+    weight, [(codes, scales)] = make_layer(cp, k, n, 128, seed=8)
+    a = activations(cp, m, k)
+    out = ff.marlin_gemm(a, weight, out=poisoned(cp, (m, n)))
+    assert relative_l2(cp, out, reference_gemm(cp, a, codes, scales, 128)) < TOLERANCE
+
+
 @pytest.mark.parametrize("sms", [1, 7, 64])
 def test_fewer_sms_longer_stripes(cp, layer_4096, sms):
     weight, [(codes, scales)] = layer_4096[-1]

@@ -87,6 +87,7 @@ FERRUM_API int ferrum_marlin_event_destroy(void* event);
  *   groupsize in {-1, 128} with prob_k % groupsize == 0,
  *   prob_n_full == -1 or (prob_n_full >= prob_n and prob_n_full % 64 == 0),
  *   thread_k/thread_n both -1 (auto) or one of (128,128), (64,256), (128,64),
+ *   or (128,256) when prob_m <= 16,
  *   sms -1 (all) or >= 1 (clamped to the device), max_par >= 1.
  * Any prob_m: rows beyond 64*max_par are served by further launches on `stream`.
  * Never synchronises `stream`; allocates nothing; graph-capturable.

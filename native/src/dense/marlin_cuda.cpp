@@ -42,6 +42,11 @@ TileInfo info_of(int m8, NConfig nc) {
         case 4: return make(Shape<4, NConfig::N256_K64>{});
         default: return make(Shape<8, NConfig::N256_K64>{});
       }
+    case NConfig::N256_K128:
+      switch (m8) {
+        case 1: return make(Shape<1, NConfig::N256_K128>{});
+        default: return make(Shape<2, NConfig::N256_K128>{});
+      }
     case NConfig::N64_K128:
     default:
       switch (m8) {
@@ -53,10 +58,14 @@ TileInfo info_of(int m8, NConfig nc) {
   }
 }
 
-// The automatic choice: small slabs keep 128x128 weight tiles (many columns,
-// short k runs, cheap reductions); 64-row slabs prefer 256 columns per tile,
-// which halves the activation traffic per weight byte.
-NConfig auto_config(int m8, int n) {
+// The automatic choice: small slabs on long problems (at least 8 units per
+// resident block) take 16 KB weight stages; otherwise 128x128 tiles keep many
+// columns and short k runs. 64-row slabs prefer 256 columns per tile, which
+// halves the activation traffic per weight byte.
+NConfig auto_config(int m8, int n, int k, int sms) {
+  if (m8 <= kDeepTileMaxM8 && n % 256 == 0 &&
+      static_cast<int64_t>(n / 256) * (k / 128) >= static_cast<int64_t>(16) * sms)
+    return NConfig::N256_K128;
   if (m8 == 8 && n % 256 == 0) return NConfig::N256_K64;
   if (n % 128 == 0) return NConfig::N128_K128;
   return NConfig::N64_K128;
@@ -65,6 +74,7 @@ NConfig auto_config(int m8, int n) {
 // (thread_k, thread_n) as the original kernel names them.
 bool forced_config(int thread_k, int thread_n, NConfig* nc) {
   if (thread_k == 128 && thread_n == 128) *nc = NConfig::N128_K128;
+  else if (thread_k == 128 && thread_n == 256) *nc = NConfig::N256_K128;
   else if (thread_k == 64 && thread_n == 256) *nc = NConfig::N256_K64;
   else if (thread_k == 128 && thread_n == 64) *nc = NConfig::N64_K128;
   else return false;
@@ -114,7 +124,7 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
   NConfig nc = NConfig::N128_K128;
   const bool forced = !(thread_k == -1 && thread_n == -1);
   if (forced && !forced_config(thread_k, thread_n, &nc))
-    return bad_shape("%s: (thread_k=%d, thread_n=%d) must be (-1,-1), (128,128), (64,256) or (128,64)",
+    return bad_shape("%s: (thread_k=%d, thread_n=%d) must be (-1,-1), (128,128), (128,256), (64,256) or (128,64)",
                      thread_k, thread_n);
   if (prob_m == 0) return 0;
   if (int st = check_pointer(kEntry, "A", A, 16)) return st;
@@ -124,7 +134,13 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
   if (int st = check_pointer(kEntry, "workspace", workspace, 4)) return st;
 
   const int m8 = slab_m8(prob_m);
-  if (!forced) nc = auto_config(m8, prob_n);
+  if (forced && nc == NConfig::N256_K128 && m8 > kDeepTileMaxM8)
+    return bad_shape("%s: tile (thread_k=128, thread_n=256) serves prob_m <= 16, got prob_m=%d", prob_m);
+  int dev_sms = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_SM_COUNT, err, "marlin_cuda: multiprocessor count");
+  const int use_sms = (sms == -1 || sms > dev_sms) ? dev_sms : sms;
+  if (!forced) nc = auto_config(m8, prob_n, prob_k, use_sms);
   const TileInfo tile = tile_info(m8, nc);
   if (prob_n % tile.n_tile != 0)
     return bad_shape("%s: prob_n=%d is not a multiple of the tile width %d", prob_n, tile.n_tile);
@@ -144,9 +160,6 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
     return bad_shape("%s: problem too large: %d column tiles x %d k tiles", n_tiles, k_tiles);
 
   // ---- device
-  int dev_sms = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_SM_COUNT, err, "marlin_cuda: multiprocessor count");
   DeviceGuard guard;
   if (int st = guard.enter(kEntry, dev)) return st;
   int cc_major = 0;
@@ -163,7 +176,6 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
     return fail(FERRUM_STAGE_MAX_SHARED_MEMORY, cudaErrorInvalidConfiguration,
                 "marlin_cuda: tile needs %zu bytes of shared memory, device %d offers %d",
                 tile.smem_bytes, dev, max_smem);
-  const int use_sms = (sms == -1 || sms > dev_sms) ? dev_sms : sms;
 
   // ---- launches: each covers up to par_limit slabs of tile.m_rows rows
   const int rows_per_launch = static_cast<int>(std::min<int64_t>(

@@ -24,7 +24,12 @@ struct Args {
 };
 
 // Tile configurations the library is built with. M8 = activation rows / 8.
-enum class NConfig { N128_K128, N256_K64, N64_K128 };
+enum class NConfig {
+  N128_K128,
+  N256_K64,
+  N64_K128,
+  N256_K128,  // deep weight stages for slabs of at most 16 rows on long problems
+};
 
 struct TileInfo {
   int m_rows;

@@ -13,6 +13,8 @@ cudaError_t launch_m8<4>(NConfig nc, Args& args, const Launch& launch, int* stag
       return launch_tile<Tile<4, NConfig::N256_K64>>(args, launch, stage);
     case NConfig::N64_K128:
       return launch_tile<Tile<4, NConfig::N64_K128>>(args, launch, stage);
+    case NConfig::N256_K128:
+      break;  // not built for slabs this tall; the host never selects it
   }
   return cudaErrorInvalidValue;
 }

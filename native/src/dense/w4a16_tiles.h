@@ -28,6 +28,13 @@ template <int M8>
 struct Tile<M8, NConfig::N256_K64> : TileShape<M8, 4, 4, stages_for<M8>(), blocks_per_sm_for<M8>()> {};
 template <int M8>
 struct Tile<M8, NConfig::N64_K128> : TileShape<M8, 1, 8, stages_for<M8>(), blocks_per_sm_for<M8>()> {};
+// 16 KB weight stages: each warp runs four k steps per group before it applies
+// the group's scales, halving the per-stage fixed costs of the narrow tiles.
+template <int M8>
+struct Tile<M8, NConfig::N256_K128> : TileShape<M8, 4, 8, 4, 2> {
+  static_assert(M8 <= 2, "N256_K128 is built for slabs of at most 16 rows");
+};
+constexpr int kDeepTileMaxM8 = 2;
 
 // Defined in w4a16_m<rows>.cu, one translation unit per slab height so the
 // build runs in parallel.
