@@ -154,7 +154,9 @@ class NativeLibrary:
         if status is None:
             return
         name = self.cdll.ferrum_marlin_cuda_error_name(status.cuda_status)
-        if name:
+        # The runtime answers "unrecognized error code" for numbers it does not
+        # know; the Python table's cudaError<N> says more.
+        if name and name.startswith(b"cuda"):
             status = StagedNativeStatus(
                 code=status.code,
                 stage=status.stage,

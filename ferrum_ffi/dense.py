@@ -376,13 +376,14 @@ def marlin_gemm_with_offset(
 ) -> Any:
     """The column slice ``[expert_offset, expert_offset + expert_n)`` of a stacked weight."""
     entry = "marlin_gemm_with_offset"
-    expert = validate_expert_slice(entry, expert_offset, expert_n, weight.n)
+    expert = validate_expert_slice(entry, expert_offset, expert_n, weight.n, weight.expert_n)
     _check_expert_spans(entry, weight, expert, expert_n)
     a_view = _activations(entry, a, weight)
     m = a_view.shape[0]
     validate_w4a16(W4A16Problem(m, expert_n, weight.k, weight.group_size, max_par=weight.max_par), entry)
     _check_device(entry, "a", a, a_view, weight)
     out, c_view = _output(entry, out, a, a_view, (m, expert_n), weight._device)
+    _check_device(entry, "out", out, c_view, weight)
     if m == 0:
         return out
     handle = _prepare_stream(stream, (a_view, c_view))
@@ -405,7 +406,7 @@ def marlin_gemm_with_offset_strided(
     writing ``m`` rows of ``expert_n`` values at row ``out_row_offset`` of ``out``
     (``out`` viewed as consecutive rows of ``expert_n`` fp16 values)."""
     entry = "marlin_gemm_with_offset_strided"
-    expert = validate_expert_slice(entry, expert_offset, expert_n, weight.n)
+    expert = validate_expert_slice(entry, expert_offset, expert_n, weight.n, weight.expert_n)
     _check_expert_spans(entry, weight, expert, expert_n)
     for name, value in (("in_row_offset", in_row_offset), ("out_row_offset", out_row_offset), ("m", m)):
         check_int(entry, name, value)

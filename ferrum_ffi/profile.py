@@ -44,15 +44,26 @@ class RuntimeConfig:
             skip_ws_zero=env.get("FERRUM_MARLIN_SKIP_WS_ZERO") == "1",
             trace_shapes=env.get("FERRUM_MARLIN_TRACE_SHAPES") == "1",
         )
-        raw_max = env.get("FERRUM_MARLIN_TRACE_SHAPES_MAX")
-        if raw_max is not None and raw_max.isascii() and raw_max.isdigit():
-            config = replace(config, trace_shapes_max=int(raw_max))
+        parsed = _parse_u64(env.get("FERRUM_MARLIN_TRACE_SHAPES_MAX"))
+        if parsed is not None:
+            config = replace(config, trace_shapes_max=parsed)
         return config
 
     @property
     def zero_workspace(self) -> bool:
         """Workspace locks are zeroed before each launch unless skipping was asked for."""
         return not self.skip_ws_zero
+
+
+def _parse_u64(raw: str | None) -> int | None:
+    """An unsigned 64-bit decimal with an optional '+', as the original engine parsed it."""
+    if raw is None:
+        return None
+    digits = raw[1:] if raw.startswith("+") else raw
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    value = int(digits)
+    return value if value < 2**64 else None
 
 
 @lru_cache(maxsize=1)

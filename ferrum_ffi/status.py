@@ -33,7 +33,7 @@ _CUDA_ERROR_NAMES: Mapping[int, str] = {
     2: "cudaErrorMemoryAllocation",
     3: "cudaErrorInitializationError",
     9: "cudaErrorInvalidConfiguration",
-    10: "cudaErrorInvalidPitchValue",
+    12: "cudaErrorInvalidPitchValue",
     35: "cudaErrorInsufficientDriver",
     98: "cudaErrorInvalidDeviceFunction",
     100: "cudaErrorNoDevice",

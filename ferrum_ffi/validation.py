@@ -160,6 +160,13 @@ def validate_w4a16(problem: W4A16Problem, entry: str = "marlin_cuda") -> None:
         fail(f"{entry}: sms={p.sms} must be -1 (all) or >= 1")
     if p.max_par < 1:
         fail(f"{entry}: max_par={p.max_par} must be >= 1")
+    # One lock per column tile; the narrowest tile the call can use decides.
+    narrowest = p.thread_n if p.thread_n != -1 else (128 if p.n % 128 == 0 else 64)
+    if workspace_ints(p.n, p.max_par) < p.n // narrowest:
+        fail(
+            f"{entry}: max_par={p.max_par} gives max(1, n/128)*max_par={workspace_ints(p.n, p.max_par)} "
+            f"locks, fewer than the {p.n // narrowest} column tiles of width {narrowest}; raise max_par"
+        )
     checked_product(entry, "C", p.m, p.n, 2)
     checked_product(entry, "A", p.m, p.k, 2)
 
@@ -188,13 +195,20 @@ def validate_w4a16_pointers(a: int, b: int, c: int, s: int, workspace: int, entr
 
 
 def validate_expert_slice(
-    entry: str, expert_offset: int, expert_n: int, total_n: int
+    entry: str, expert_offset: int, expert_n: int, total_n: int, weight_expert_n: int | None = None
 ) -> int:
-    """Column-slice rules of the offset variants; returns the expert index."""
+    """Column-slice rules of the offset variants; returns the expert index.
+
+    In the per-expert contiguous layout every expert block has the weight's
+    own expert width; another ``expert_n`` would address the wrong block with
+    the wrong row stride.
+    """
     check_int(entry, "expert_offset", expert_offset)
     check_int(entry, "expert_n", expert_n)
     check_positive(entry, "expert_n", expert_n)
     check_multiple(entry, "expert_n", expert_n, 64)
+    if weight_expert_n is not None and expert_n != weight_expert_n:
+        fail(f"{entry}: expert_n={expert_n} must equal the weight's expert width {weight_expert_n}")
     check_non_negative(entry, "expert_offset", expert_offset)
     if expert_offset % expert_n != 0:
         fail(f"{entry}: expert_offset={expert_offset} must be a multiple of expert_n={expert_n} "

@@ -188,12 +188,7 @@ def test_build_info_names_version_abi_and_architectures(lib):
 
 def _cuda_error_name_cases():
     for code, name in _CUDA_ERROR_NAMES.items():
-        marks = ()
-        if code == 10 and name == "cudaErrorInvalidPitchValue":
-            marks = pytest.mark.xfail(
-                reason="status.py maps 10 to cudaErrorInvalidPitchValue; the runtime's is 12, 10 is unused"
-            )
-        yield pytest.param(code, name, marks=marks, id=f"{code}")
+        yield pytest.param(code, name, id=f"{code}")
 
 
 @pytest.mark.parametrize("code, name", list(_cuda_error_name_cases()))

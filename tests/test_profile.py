@@ -92,12 +92,10 @@ def test_trace_max_unsigned_values(value, expected):
     assert RuntimeConfig.from_env({"FERRUM_MARLIN_TRACE_SHAPES_MAX": value}).trace_shapes_max == expected
 
 
-@pytest.mark.xfail(reason="Rust's u64::from_str accepts a leading '+'; profile.from_env does not")
 def test_trace_max_accepts_a_plus_sign_like_the_original():
     assert RuntimeConfig.from_env({"FERRUM_MARLIN_TRACE_SHAPES_MAX": "+17"}).trace_shapes_max == 17
 
 
-@pytest.mark.xfail(reason="the original parses a u64, so a value above 2**64-1 keeps the default; profile.from_env takes it")
 def test_trace_max_above_u64_keeps_the_default():
     assert RuntimeConfig.from_env({"FERRUM_MARLIN_TRACE_SHAPES_MAX": str(2**64)}).trace_shapes_max == 256
 

@@ -33,7 +33,9 @@ extern "C" {
 int ferrum_marlin_abi_version(void) { return FERRUM_MARLIN_ABI_VERSION; }
 
 const char* ferrum_marlin_build_info(void) {
-  return "ferrum_marlin " FERRUM_VERSION "; abi " "1" "; cuda archs " FERRUM_BUILD_ARCHS;
+#define FERRUM_STR2(x) #x
+#define FERRUM_STR(x) FERRUM_STR2(x)
+  return "ferrum_marlin " FERRUM_VERSION "; abi " FERRUM_STR(FERRUM_MARLIN_ABI_VERSION) "; cuda archs " FERRUM_BUILD_ARCHS;
 }
 
 int ferrum_marlin_device_count(int* count) {

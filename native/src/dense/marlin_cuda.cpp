@@ -98,6 +98,14 @@ int bad_shape(const char* fmt, int a, int b = 0) {
   return fail(FERRUM_STAGE_SHAPE, FERRUM_STATUS_INVALID_VALUE, fmt, kEntry, a, b);
 }
 
+int check_tile_fits(const TileInfo& tile, int prob_n, int prob_k) {
+  if (prob_n % tile.n_tile != 0)
+    return bad_shape("%s: prob_n=%d is not a multiple of the tile width %d", prob_n, tile.n_tile);
+  if (prob_k % tile.k_tile != 0)
+    return bad_shape("%s: prob_k=%d is not a multiple of the tile depth %d", prob_k, tile.k_tile);
+  return 0;
+}
+
 }  // namespace
 
 TileInfo tile_info(int m8, NConfig nc) { return info_of<Tile>(m8, nc); }
@@ -134,28 +142,30 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
   if (int st = check_pointer(kEntry, "workspace", workspace, 4)) return st;
 
   const int m8 = slab_m8(prob_m);
-  if (forced && nc == NConfig::N256_K128 && m8 > kDeepTileMaxM8)
-    return bad_shape("%s: tile (thread_k=128, thread_n=256) serves prob_m <= 16, got prob_m=%d", prob_m);
+  if (forced) {
+    if (nc == NConfig::N256_K128 && m8 > kDeepTileMaxM8)
+      return bad_shape("%s: tile (thread_k=128, thread_n=256) serves prob_m <= 16, got prob_m=%d", prob_m);
+    if (int st = check_tile_fits(tile_info(m8, nc), prob_n, prob_k)) return st;
+  }
+  // One lock per column tile: the narrowest tile this call can use must fit in
+  // the documented workspace of max(1, n/128) * max_par locks.
+  const int64_t lock_slots = static_cast<int64_t>(std::max(1, prob_n / 128)) * max_par;
+  const int narrowest = forced ? tile_info(m8, nc).n_tile : (prob_n % 128 == 0 ? 128 : 64);
+  if (lock_slots < prob_n / narrowest)
+    return bad_shape("%s: a workspace of max(1, n/128)*max_par locks cannot cover %d column tiles "
+                     "(max_par=%d); raise max_par",
+                     prob_n / narrowest, max_par);
   int dev_sms = 0;
   cudaError_t err = cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_SM_COUNT, err, "marlin_cuda: multiprocessor count");
   const int use_sms = (sms == -1 || sms > dev_sms) ? dev_sms : sms;
   if (!forced) nc = auto_config(m8, prob_n, prob_k, use_sms);
   const TileInfo tile = tile_info(m8, nc);
-  if (prob_n % tile.n_tile != 0)
-    return bad_shape("%s: prob_n=%d is not a multiple of the tile width %d", prob_n, tile.n_tile);
-  if (prob_k % tile.k_tile != 0)
-    return bad_shape("%s: prob_k=%d is not a multiple of the tile depth %d", prob_k, tile.k_tile);
+  if (int st = check_tile_fits(tile, prob_n, prob_k)) return st;
   const int n_tiles = prob_n / tile.n_tile;
   const int k_tiles = prob_k / tile.k_tile;
-  // The documented workspace is max(1, n/128) * max_par locks; one lock per
-  // column tile per slab in flight.
-  const int64_t lock_slots = static_cast<int64_t>(std::max(1, prob_n / 128)) * max_par;
+  // Slabs in flight per launch: each needs its own locks.
   const int64_t par_limit = std::min<int64_t>(max_par, lock_slots / n_tiles);
-  if (par_limit < 1)
-    return bad_shape("%s: a workspace of max(1, n/128)*max_par locks cannot cover %d column tiles "
-                     "(max_par=%d); raise max_par",
-                     n_tiles, max_par);
   if (static_cast<int64_t>(par_limit) * n_tiles * k_tiles > INT32_MAX)
     return bad_shape("%s: problem too large: %d column tiles x %d k tiles", n_tiles, k_tiles);
 
