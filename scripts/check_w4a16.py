@@ -30,6 +30,7 @@ def main(argv=None) -> int:
 
     if args.small:
         cases = [(k, n, g, m) for (k, n) in ((256, 192), (512, 256)) for g in (128, -1) for m in (1, 17, 70)]
+        cases += [(512, 512, g, m) for g in (128, -1) for m in (1, 16)]  # the deep tile, forced below
     else:
         cases = [
             (k, n, g, m)
@@ -48,7 +49,8 @@ def main(argv=None) -> int:
         weight, codes, scales = layers[(k, n, g)]
         a = cp.asarray(rng.standard_normal((m, k)).astype(np.float16))
         out = cp.full((m, n), cp.nan, dtype=cp.float16)
-        ff.marlin_gemm(a, weight, out=out)
+        deep = args.small and n == 512
+        ff.marlin_gemm(a, weight, out=out, thread_k=128 if deep else -1, thread_n=256 if deep else -1)
         err = relative_l2(cp, out, reference_gemm(cp, a, codes, scales, g))
         unwritten = int(cp.isnan(out).sum())
         worst = max(worst, err)
