@@ -16,7 +16,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDevices = 64;  // per-device caches of launch attributes
 
-template <int M8, int NChunks, int KRows, int Stages, int MinBlocks>
+template <int M8, int NChunks, int KRows, int Stages, int MinBlocks, bool Wgmma = false>
 struct TileShape {
   static constexpr int m8 = M8;                 // 8-row activation tiles per slab
   static constexpr int m_rows = 8 * M8;         // activation rows per slab
@@ -26,6 +26,10 @@ struct TileShape {
   static constexpr int k_tile = 16 * KRows;
   static constexpr int stages = Stages;
   static constexpr int min_blocks = MinBlocks;  // blocks per SM the registers must allow
+  // Hopper warpgroup MMA: the four warps of a warpgroup own the four chunks.
+  static constexpr bool wgmma = Wgmma;
+  static_assert(!Wgmma || (NChunks == 4 && M8 == 8 && KRows * 16 == 64),
+                "wgmma tiles: 256 columns, 64 activation rows, one 128-byte k atom per stage");
   static constexpr int warps_n = NChunks;
   static constexpr int warps_k = kWarps / NChunks;
   static constexpr int rows_per_warp = KRows / warps_k;

@@ -13,6 +13,11 @@ namespace ferrum::w4a16 {
 namespace {
 
 constexpr const char* kEntry = "marlin_cuda";
+#ifdef FERRUM_HAVE_SM90A
+constexpr bool kHaveSm90a = true;
+#else
+constexpr bool kHaveSm90a = false;
+#endif
 
 int slab_m8(int m) {
   if (m <= 8) return 1;
@@ -47,6 +52,8 @@ TileInfo info_of(int m8, NConfig nc) {
         case 1: return make(Shape<1, NConfig::N256_K128>{});
         default: return make(Shape<2, NConfig::N256_K128>{});
       }
+    case NConfig::N256_K64_WGMMA:
+      return make(Shape<8, NConfig::N256_K64_WGMMA>{});
     case NConfig::N64_K128:
     default:
       switch (m8) {
@@ -62,7 +69,8 @@ TileInfo info_of(int m8, NConfig nc) {
 // resident block) take 16 KB weight stages; otherwise 128x128 tiles keep many
 // columns and short k runs. 64-row slabs prefer 256 columns per tile, which
 // halves the activation traffic per weight byte.
-NConfig auto_config(int m8, int n, int k, int sms) {
+NConfig auto_config(int m8, int n, int k, int sms, bool hopper) {
+  if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
   if (m8 <= kDeepTileMaxM8 && n % 256 == 0 &&
       static_cast<int64_t>(n / 256) * (k / 128) >= static_cast<int64_t>(16) * sms)
     return NConfig::N256_K128;
@@ -159,7 +167,17 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
   cudaError_t err = cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_SM_COUNT, err, "marlin_cuda: multiprocessor count");
   const int use_sms = (sms == -1 || sms > dev_sms) ? dev_sms : sms;
-  if (!forced) nc = auto_config(m8, prob_n, prob_k, use_sms);
+  int cc_major = 0;
+  err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_DEVICE, err, "marlin_cuda: compute capability");
+  if (cc_major < 8)
+    return fail(FERRUM_STAGE_DEVICE, cudaErrorNoKernelImageForDevice,
+                "marlin_cuda: device %d has compute capability %d.x; sm_80 or newer is required", dev,
+                cc_major);
+  // Warpgroup MMA needs sm_90a machine code, which only Hopper (9.0) runs.
+  const bool hopper = kHaveSm90a && cc_major == 9;
+  if (!forced) nc = auto_config(m8, prob_n, prob_k, use_sms, hopper);
+  else if (nc == NConfig::N256_K64 && m8 == 8 && hopper) nc = NConfig::N256_K64_WGMMA;
   const TileInfo tile = tile_info(m8, nc);
   if (int st = check_tile_fits(tile, prob_n, prob_k)) return st;
   const int n_tiles = prob_n / tile.n_tile;
@@ -172,13 +190,6 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
   // ---- device
   DeviceGuard guard;
   if (int st = guard.enter(kEntry, dev)) return st;
-  int cc_major = 0;
-  err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_DEVICE, err, "marlin_cuda: compute capability");
-  if (cc_major < 8)
-    return fail(FERRUM_STAGE_DEVICE, cudaErrorNoKernelImageForDevice,
-                "marlin_cuda: device %d has compute capability %d.x; sm_80 or newer is required", dev,
-                cc_major);
   int max_smem = 0;
   err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_MAX_SHARED_MEMORY, err, "marlin_cuda: shared memory");

@@ -29,6 +29,7 @@ enum class NConfig {
   N256_K64,
   N64_K128,
   N256_K128,  // deep weight stages for slabs of at most 16 rows on long problems
+  N256_K64_WGMMA,  // N256_K64 with Hopper warpgroup MMA (64-row slabs, sm_90a builds)
 };
 
 struct TileInfo {

@@ -23,6 +23,7 @@
 #include "../core/dequant.cuh"
 #include "../core/ptx.cuh"
 #include "../core/tile.cuh"
+#include "../core/wgmma.cuh"
 #include "ferrum_marlin.h"
 #include "w4a16.h"
 
@@ -30,7 +31,8 @@ namespace ferrum::w4a16 {
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Args p) {
-  extern __shared__ int4 smem[];
+  // 1024-byte alignment: the activation tiles are 128-byte-swizzled atoms.
+  extern __shared__ __align__(1024) int4 smem[];
   int4* const sh_b = smem;
   int4* const sh_a = sh_b + T::stages * T::b_stage;
   int4* const sh_s = sh_a + T::stages * T::a_stage;
@@ -198,7 +200,37 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     const int4* const sb = sh_b + slot * T::b_stage;
     const int4* const sa = sh_a + slot * T::a_stage;
     const int4* const ss = sh_s + slot * T::s_stage;
-    if constexpr (kBiasFree) {
+    if constexpr (T::wgmma) {
+      // Each warpgroup (one warp_k) multiplies its k steps for all four
+      // chunks: warp w supplies tile t of chunk w as rows 16w.. of wgmma t.
+      Frag16x16 f[T::rows_per_warp][4];
+#pragma unroll
+      for (int rr = 0; rr < T::rows_per_warp; ++rr) {
+        const int row = warp_k + rr * T::warps_k;
+        const int4 w = weight_word(sb, row);
+        f[rr][0] = dequant_u4b8(w.x);
+        f[rr][1] = dequant_u4b8(w.y);
+        f[rr][2] = dequant_u4b8(w.z);
+        f[rr][3] = dequant_u4b8(w.w);
+        if (grouped) {
+          const int4 sc = ss[((16 * row) >> p.group_shift) * (T::n_chunks * 8) + warp_n * 8 + (lane >> 2)];
+          scale_frag(f[rr][0], sc.x);
+          scale_frag(f[rr][1], sc.y);
+          scale_frag(f[rr][2], sc.z);
+          scale_frag(f[rr][3], sc.w);
+        }
+      }
+      wgmma::fence();
+#pragma unroll
+      for (int rr = 0; rr < T::rows_per_warp; ++rr) {
+        const int row = warp_k + rr * T::warps_k;  // 16-deep step: 32 bytes into the 128-byte rows
+        const uint64_t desc = wgmma::sw128_kmajor_desc(reinterpret_cast<const char*>(sa) + row * 32);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) wgmma::mma_m64n64k16(acc[t], f[rr][t].r, desc);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+    } else if constexpr (kBiasFree) {
       const Frag16x16 bias = u4b8_bias_fragment();
       const half2 inv16 = ptx::as_half2(0x2c002c00u);
       // part: raw-image products of this stage's rows; corr: the bias
@@ -376,6 +408,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 #pragma unroll 1
   for (int i = 0; i < count; ++i) {
     ptx::cp_async_wait<T::stages - 2>();
+    if constexpr (T::wgmma) wgmma::fence_async_shared();
     __syncthreads();
     // The slot refilled here was consumed in iteration i-1, which every warp
     // finished before the barrier above.

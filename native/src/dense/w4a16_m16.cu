@@ -15,6 +15,8 @@ cudaError_t launch_m8<2>(NConfig nc, Args& args, const Launch& launch, int* stag
       return launch_tile<Tile<2, NConfig::N64_K128>>(args, launch, stage);
     case NConfig::N256_K128:
       return launch_tile<Tile<2, NConfig::N256_K128>>(args, launch, stage);
+    case NConfig::N256_K64_WGMMA:
+      break;  // warpgroup tiles serve 64-row slabs only
   }
   return cudaErrorInvalidValue;
 }

@@ -15,6 +15,8 @@ cudaError_t launch_m8<4>(NConfig nc, Args& args, const Launch& launch, int* stag
       return launch_tile<Tile<4, NConfig::N64_K128>>(args, launch, stage);
     case NConfig::N256_K128:
       break;  // not built for slabs this tall; the host never selects it
+    case NConfig::N256_K64_WGMMA:
+      break;  // warpgroup tiles serve 64-row slabs only
   }
   return cudaErrorInvalidValue;
 }

@@ -15,6 +15,8 @@ cudaError_t launch_m8<8>(NConfig nc, Args& args, const Launch& launch, int* stag
       return launch_tile<Tile<8, NConfig::N64_K128>>(args, launch, stage);
     case NConfig::N256_K128:
       break;  // not built for slabs this tall; the host never selects it
+    case NConfig::N256_K64_WGMMA:
+      return launch_tile<Tile<8, NConfig::N256_K64_WGMMA>>(args, launch, stage);
   }
   return cudaErrorInvalidValue;
 }

@@ -35,6 +35,8 @@ struct Tile<M8, NConfig::N256_K128> : TileShape<M8, 4, 8, 4, 2> {
   static_assert(M8 <= 2, "N256_K128 is built for slabs of at most 16 rows");
 };
 constexpr int kDeepTileMaxM8 = 2;
+template <int M8>
+struct Tile<M8, NConfig::N256_K64_WGMMA> : TileShape<M8, 4, 4, stages_for<M8>(), 1, true> {};
 
 // Defined in w4a16_m<rows>.cu, one translation unit per slab height so the
 // build runs in parallel.

@@ -1,0 +1,89 @@
+// Hopper warpgroup MMA (sm_90a): the weight fragment comes from registers (the
+// same 16x16 fragment per warp that mma.m16n8k16 takes, so dequant.cuh serves
+// both), the activations from shared memory through a matrix descriptor.
+//
+// Only compiled into sm_90a code; elsewhere the wrappers trap, and the host
+// never selects a wgmma tile for them (see FERRUM_HAVE_SM90A).
+#pragma once
+
+#include <stdint.h>
+
+#include "dequant.cuh"
+
+namespace ferrum::wgmma {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FERRUM_WGMMA_AVAILABLE 1
+#endif
+
+// K-major operand in 128-byte-swizzled rows (the layout load_stage writes:
+// 16-byte unit u of row r at u ^ (r % 8)), 8-row groups 1024 bytes apart.
+// Advancing 16 fp16 along K inside the 128-byte row adds 32 bytes to the start.
+__device__ __forceinline__ uint64_t sw128_kmajor_desc(const void* smem) {
+  const uint64_t addr = static_cast<uint64_t>(ptx::smem_u32(smem));
+  uint64_t desc = (addr & 0x3FFFF) >> 4;      // start address, bits 0-13
+  desc |= static_cast<uint64_t>(1) << 16;     // leading byte offset: unused for swizzled K-major
+  desc |= static_cast<uint64_t>(1024 >> 4) << 32;  // stride byte offset: 8 rows x 128 B
+  desc |= static_cast<uint64_t>(1) << 62;     // layout: 128-byte swizzle
+  return desc;
+}
+
+__device__ __forceinline__ void fence() {
+#ifdef FERRUM_WGMMA_AVAILABLE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void commit() {
+#ifdef FERRUM_WGMMA_AVAILABLE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int Pending>
+__device__ __forceinline__ void wait() {
+#ifdef FERRUM_WGMMA_AVAILABLE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+#endif
+}
+
+// Shared-memory writes by ordinary instructions (cp.async included) become
+// visible to wgmma's async proxy only after this fence.
+__device__ __forceinline__ void fence_async_shared() {
+#ifdef FERRUM_WGMMA_AVAILABLE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// D[64 x 64] += A[64 x 16] (registers, fp16) * B[16 x 64] (shared, fp16); fp32 D.
+// Warp w of the warpgroup holds rows 16w..16w+15 of A and of D; d[4j + e] is
+// (row g + 8(e/2), column 8j + 2q + e%2) as in mma.m16n8k16.
+__device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+#ifdef FERRUM_WGMMA_AVAILABLE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+  __trap();
+#endif
+}
+
+}  // namespace ferrum::wgmma
