@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import statistics
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -22,10 +21,10 @@ import numpy as np
 from . import __version__
 from ._native import ABI_VERSION, NativeLibrary, library
 from .status import FerrumError, LibraryError, StagedNativeStatus
+from .timing import FLUSH_BYTES, Timer
 
 NO_GPU = "demo: no CUDA GPU visible \N{EM DASH} nothing to run (python -m ferrum_ffi info shows what the library sees)"
 TOLERANCE = 2e-3  # relative L2 error of an fp16 GEMM against the float64 reference
-FLUSH_BYTES = 512 << 20  # larger than any GPU's L2: each timed launch reads the weight from DRAM
 CHUNK_VALUES = 32 << 20  # float32 weights generated and quantised per chunk (128 MB)
 
 
@@ -151,29 +150,6 @@ def random_layer(k: int, n: int, group_size: int, seed: int) -> QuantizedLayer:
 
 
 # ---- demo: the GPU side ---------------------------------------------------------------
-
-
-class Timer:
-    """Median of CUDA-event times, with the L2 flushed by a large fill before each launch."""
-
-    def __init__(self, cp: Any, flush_bytes: int | None = None) -> None:
-        self.cp = cp
-        self.flush = cp.empty((FLUSH_BYTES if flush_bytes is None else flush_bytes) // 4, dtype=cp.int32)
-        self.start = cp.cuda.Event()
-        self.end = cp.cuda.Event()
-
-    def median_us(self, fn: Callable[[], Any], repeat: int, warmup: int = 3) -> float:
-        for _ in range(warmup):
-            fn()
-        times = []
-        for i in range(repeat):
-            self.flush.fill(i)
-            self.start.record()
-            fn()
-            self.end.record()
-            self.end.synchronize()
-            times.append(self.cp.cuda.get_elapsed_time(self.start, self.end) * 1000.0)
-        return statistics.median(times)
 
 
 class DeviceLayer:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -43,31 +42,7 @@ extern "C" __global__ void stream_read(const int4* __restrict__ p, long long n, 
 """
 
 
-class Timer:
-    """Median time of a callable: L2 flushed before each launch, CUDA events around it."""
-
-    def __init__(self, cp, flush_bytes: int = 512 << 20) -> None:
-        self.cp = cp
-        self.flush = cp.empty(flush_bytes // 4, dtype=cp.int32)
-        self.start = cp.cuda.Event()
-        self.end = cp.cuda.Event()
-
-    def median_us(self, fn, repeat: int, warmup: int = 3) -> float:
-        cp = self.cp
-        for _ in range(warmup):
-            fn()
-        times = []
-        for i in range(repeat):
-            self.flush.fill(i)
-            self.start.record()
-            fn()
-            self.end.record()
-            self.end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(self.start, self.end) * 1000.0)
-        return statistics.median(times)
-
-
-def bench_shape(cp, ff, timer: Timer, k: int, n: int, m_values, repeat: int, read_kernel, sms: int,
+def bench_shape(cp, ff, timer, k: int, n: int, m_values, repeat: int, read_kernel, sms: int,
                 tile: tuple[int, int] = (-1, -1)):
     from ferrum_ffi.formats import marlin_pack_int4, marlin_permute_scales
 
@@ -130,6 +105,7 @@ def main(argv=None) -> int:
         print("bench: CuPy is not installed; nothing to measure", file=sys.stderr)
         return 1
     import ferrum_ffi as ff
+    from ferrum_ffi.timing import Timer
 
     if ff.device_count() == 0:
         print("bench: no CUDA device", file=sys.stderr)

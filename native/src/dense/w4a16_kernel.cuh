@@ -26,6 +26,7 @@
 #include "../core/wgmma.cuh"
 #include "ferrum_marlin.h"
 #include "w4a16.h"
+#include "w4a16_tiles.h"
 
 namespace ferrum::w4a16 {
 
@@ -457,6 +458,27 @@ cudaError_t launch_tile(Args& args, const Launch& launch, int* stage) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
   return err;
+}
+
+// The launcher of every tile built for slabs of 8*M8 rows; each w4a16_m<rows>.cu
+// instantiates it once.
+template <int M8>
+cudaError_t launch_slab(NConfig nc, Args& args, const Launch& launch, int* stage) {
+  switch (nc) {
+    case NConfig::N128_K128:
+      return launch_tile<Tile<M8, NConfig::N128_K128>>(args, launch, stage);
+    case NConfig::N256_K64:
+      return launch_tile<Tile<M8, NConfig::N256_K64>>(args, launch, stage);
+    case NConfig::N64_K128:
+      return launch_tile<Tile<M8, NConfig::N64_K128>>(args, launch, stage);
+    case NConfig::N256_K128:
+      if constexpr (M8 <= kDeepTileMaxM8) return launch_tile<Tile<M8, NConfig::N256_K128>>(args, launch, stage);
+      break;  // not built for taller slabs; the host never selects it
+    case NConfig::N256_K64_WGMMA:
+      if constexpr (M8 == 8) return launch_tile<Tile<M8, NConfig::N256_K64_WGMMA>>(args, launch, stage);
+      break;  // warpgroup tiles serve 64-row slabs only
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace ferrum::w4a16

@@ -1,24 +1,12 @@
-// W4A16 kernels for 8-row activation slabs.
+// W4A16 kernels for 8-row activation slabs (one translation unit per slab
+// height, so the build runs in parallel).
 #include "w4a16_kernel.cuh"
-#include "w4a16_tiles.h"
 
 namespace ferrum::w4a16 {
 
 template <>
 cudaError_t launch_m8<1>(NConfig nc, Args& args, const Launch& launch, int* stage) {
-  switch (nc) {
-    case NConfig::N128_K128:
-      return launch_tile<Tile<1, NConfig::N128_K128>>(args, launch, stage);
-    case NConfig::N256_K64:
-      return launch_tile<Tile<1, NConfig::N256_K64>>(args, launch, stage);
-    case NConfig::N64_K128:
-      return launch_tile<Tile<1, NConfig::N64_K128>>(args, launch, stage);
-    case NConfig::N256_K128:
-      return launch_tile<Tile<1, NConfig::N256_K128>>(args, launch, stage);
-    case NConfig::N256_K64_WGMMA:
-      break;  // warpgroup tiles serve 64-row slabs only
-  }
-  return cudaErrorInvalidValue;
+  return launch_slab<1>(nc, args, launch, stage);
 }
 
 }  // namespace ferrum::w4a16
