@@ -26,7 +26,6 @@ int slab_m8(int m) {
   return 8;
 }
 
-template <template <int, NConfig> class Shape>
 TileInfo info_of(int m8, NConfig nc) {
   auto make = [](auto tag) {
     using T = decltype(tag);
@@ -35,38 +34,39 @@ TileInfo info_of(int m8, NConfig nc) {
   switch (nc) {
     case NConfig::N128_K128:
       switch (m8) {
-        case 1: return make(Shape<1, NConfig::N128_K128>{});
-        case 2: return make(Shape<2, NConfig::N128_K128>{});
-        case 4: return make(Shape<4, NConfig::N128_K128>{});
-        default: return make(Shape<8, NConfig::N128_K128>{});
+        case 1: return make(Tile<1, NConfig::N128_K128>{});
+        case 2: return make(Tile<2, NConfig::N128_K128>{});
+        case 4: return make(Tile<4, NConfig::N128_K128>{});
+        default: return make(Tile<8, NConfig::N128_K128>{});
       }
     case NConfig::N256_K64:
       switch (m8) {
-        case 1: return make(Shape<1, NConfig::N256_K64>{});
-        case 2: return make(Shape<2, NConfig::N256_K64>{});
-        case 4: return make(Shape<4, NConfig::N256_K64>{});
-        default: return make(Shape<8, NConfig::N256_K64>{});
+        case 1: return make(Tile<1, NConfig::N256_K64>{});
+        case 2: return make(Tile<2, NConfig::N256_K64>{});
+        case 4: return make(Tile<4, NConfig::N256_K64>{});
+        default: return make(Tile<8, NConfig::N256_K64>{});
       }
     case NConfig::N256_K128:
       switch (m8) {
-        case 1: return make(Shape<1, NConfig::N256_K128>{});
-        default: return make(Shape<2, NConfig::N256_K128>{});
+        case 1: return make(Tile<1, NConfig::N256_K128>{});
+        default: return make(Tile<2, NConfig::N256_K128>{});
       }
     case NConfig::N256_K64_WGMMA:
-      return make(Shape<8, NConfig::N256_K64_WGMMA>{});
+      return make(Tile<8, NConfig::N256_K64_WGMMA>{});
     case NConfig::N64_K128:
     default:
       switch (m8) {
-        case 1: return make(Shape<1, NConfig::N64_K128>{});
-        case 2: return make(Shape<2, NConfig::N64_K128>{});
-        case 4: return make(Shape<4, NConfig::N64_K128>{});
-        default: return make(Shape<8, NConfig::N64_K128>{});
+        case 1: return make(Tile<1, NConfig::N64_K128>{});
+        case 2: return make(Tile<2, NConfig::N64_K128>{});
+        case 4: return make(Tile<4, NConfig::N64_K128>{});
+        default: return make(Tile<8, NConfig::N64_K128>{});
       }
   }
 }
 
-// The automatic choice: small slabs on long problems (at least 8 units per
-// resident block) take 16 KB weight stages; otherwise 128x128 tiles keep many
+// The automatic choice: 64-row slabs on Hopper take warpgroup MMA; small slabs
+// on long problems (at least 8 units per resident block, two blocks per SM)
+// take 16 KB weight stages; otherwise 128x128 tiles keep many
 // columns and short k runs. 64-row slabs prefer 256 columns per tile, which
 // halves the activation traffic per weight byte.
 NConfig auto_config(int m8, int n, int k, int sms, bool hopper) {
@@ -116,7 +116,7 @@ int check_tile_fits(const TileInfo& tile, int prob_n, int prob_k) {
 
 }  // namespace
 
-TileInfo tile_info(int m8, NConfig nc) { return info_of<Tile>(m8, nc); }
+TileInfo tile_info(int m8, NConfig nc) { return info_of(m8, nc); }
 
 int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int prob_n, int prob_k,
          void* workspace, int groupsize, int dev, cudaStream_t stream, int thread_k, int thread_n,
