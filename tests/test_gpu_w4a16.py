@@ -219,3 +219,37 @@ def test_graph_capture_replays_correctly(cp, layer_4096):
         graph.launch(stream)
     stream.synchronize()
     assert relative_l2(cp, out, reference_gemm(cp, a, codes, scales, 128)) < TOLERANCE
+
+
+def test_profiling_counts_phases_per_projection(cp, layer_4096, monkeypatch):
+    from ferrum_ffi import profile
+
+    monkeypatch.setattr(profile, "runtime_config", lambda: profile.RuntimeConfig(profile=True))
+    weight, _ = layer_4096[128]
+    a = activations(cp, 4, 4096)
+    ff.drain_profile()
+    with ff.profile_label("model.layers.3.self_attn.qkv_proj"):
+        ff.marlin_gemm(a, weight)
+        ff.marlin_gemm(a, weight)
+    ff.marlin_gemm(a, weight)  # no label: "other"
+    snapshot = ff.drain_profile()
+    qkv = snapshot.by_projection["qkv_proj"]
+    assert qkv.kernel_calls == 2 and qkv.ws_zero_calls == 2 and qkv.kernel_us > 0
+    assert snapshot.by_projection["other"].kernel_calls == 1
+    assert snapshot.total.kernel_calls == 3
+    assert ff.drain_profile().total.kernel_calls == 0
+
+
+def test_shape_trace_prints_one_line_per_call(cp, layer_4096, monkeypatch, capsys):
+    from ferrum_ffi import profile
+
+    config = profile.RuntimeConfig(trace_shapes=True, trace_shapes_max=2)
+    monkeypatch.setattr(profile, "runtime_config", lambda: config)
+    monkeypatch.setattr(profile, "_trace_calls", 0)
+    weight, _ = layer_4096[-1]
+    a = activations(cp, 3, 4096)
+    for _ in range(3):
+        ff.marlin_gemm(a, weight)
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("[marlin-shape-trace]")]
+    assert len(lines) == 2
+    assert "m=3 n=4096 k=4096 gs=-1" in lines[0] and "a_ptr=0x" in lines[0]
