@@ -30,6 +30,23 @@ Scales (fp16, ``[K/group_size, N]`` or ``[1, N]`` for channelwise,
 * channelwise, per 32 columns: ``new = old[perm32]`` with
   ``perm32 = [2i + o for i in 0..3 for o in (0, 1, 8, 9, 16, 17, 24, 25)]``.
 
+The 8-bit form (INT8 codes with bias 128, and FP8-E4M3 bytes)
+-------------------------------------------------------------
+Steps 1 and 2 are the same (same tiles, same lane fragments). Step 3 works on
+bytes: every group of 4 values is reordered to ``[0, 2, 1, 3]`` and packed
+into one 32-bit word, value ``i`` in byte ``i`` (bits ``8i .. 8i+7``). The
+buffer is int32 ``[K/16, 4*N]`` (a 64-column slice is ``4 * col0`` words in).
+After the reorder a word holds rows ``r, r+8`` in its even bytes and ``r+1,
+r+9`` in its odd bytes, which is what a byte permute into two ``half2``
+fragment registers wants.
+
+Zero points (U4/U8 weights with a zero point per group, ``[G, N]`` codes) are
+stored like a row of scales that is then packed: per row, the grouped scale
+permutation above (always the grouped one, also for ``G == 1``), then inside
+every run of ``32 / bits`` values the interleave of step 3 (``[0, 2, 4, 6, 1,
+3, 5, 7]`` for 4 bits, ``[0, 2, 1, 3]`` for 8 bits), packed along N with
+value ``i`` at bits ``i*bits``: int32 ``[G, N*bits/32]``.
+
 Why the kernel wants it
 =======================
 The kernel (``native/src/core/dequant.cuh``, ``native/src/dense/``) is
@@ -59,7 +76,7 @@ coalesced load and turn into tensor-core operands with no shuffling:
 Implementation
 ==============
 Steps 2-3 compose to one fixed gather per 1024-value run, precomputed at import
-(``_RUN_ORDER``). Packing lays a few tile-rows out in step-1 order, gathers the
+(``_RUN_ORDER`` for 4 bits, ``_RUN_ORDER_INT8`` for 8 bits). Packing lays a few tile-rows out in step-1 order, gathers the
 even and odd positions (low and high nibble of each byte), ORs them into bytes
 and reinterprets 4 little-endian bytes as a word; unpacking does the reverse
 with the inverse gather. Large matrices are processed a few tile-rows at
@@ -75,8 +92,12 @@ from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 __all__ = [
     "marlin_pack_int4",
     "marlin_unpack_int4",
+    "marlin_pack_int8",
+    "marlin_unpack_int8",
     "marlin_permute_scales",
     "marlin_unpermute_scales",
+    "marlin_pack_zero_points",
+    "marlin_unpack_zero_points",
 ]
 
 TILE = 16
@@ -85,6 +106,9 @@ CHUNK_COLUMNS = 64
 """Output columns served by one warp per K step: four tiles along N."""
 _RUN_VALUES = TILE * CHUNK_COLUMNS
 _NIBBLE_INTERLEAVE = np.array([0, 2, 4, 6, 1, 3, 5, 7], dtype=np.intp)
+_BYTE_INTERLEAVE = np.array([0, 2, 1, 3], dtype=np.intp)
+SUPPORTED_BITS = (4, 8)
+"""Integer code widths the Marlin layouts are defined for."""
 # Work on ~2 Mi values per step: big enough to amortise NumPy call overhead,
 # small enough that the temporaries of a step stay in the last-level cache.
 _STEP_VALUES = 1 << 21
@@ -150,20 +174,73 @@ def _check_shape(fn: str, name: str, a: np.ndarray, expected: tuple[int, ...], w
         raise ArgumentError(f"{fn}: {name} must have shape {expected} ({why}), got {a.shape}")
 
 
-def _check_codes(fn: str, name: str, codes: object) -> np.ndarray:
-    """Codes are 2-D integers in 0..15; anything else would be silently
-    truncated to a different nibble by the packer."""
+def _check_codes(fn: str, name: str, codes: object, max_value: int = 15) -> np.ndarray:
+    """Codes are 2-D integers in 0..max_value (15 for 4 bits, 255 for 8);
+    anything else would be silently truncated to a different code by the
+    packer."""
     codes = _check_ndarray(fn, name, codes)
     _check_integer_dtype(fn, name, codes)
     _check_ndim(fn, name, codes, 2)
     if codes.size:
         low = 0 if codes.dtype.kind == "u" else int(codes.min())
         high = int(codes.max())
-        if low < 0 or high > 15:
+        if low < 0 or high > max_value:
             raise ArgumentError(
-                f"{fn}: {name} values must be in 0..15, got range {low}..{high}"
+                f"{fn}: {name} values must be in 0..{max_value}, got range {low}..{high}"
             )
     return codes
+
+
+def _check_bits(fn: str, bits: object) -> int:
+    """Code width: 4 or 8 (the widths the Marlin layouts are defined for)."""
+    if isinstance(bits, (bool, np.bool_)) or not isinstance(bits, (int, np.integer)):
+        raise ArgumentTypeError(f"{fn}: bits must be an int, got {type(bits).__name__}")
+    bits = int(bits)
+    if bits not in SUPPORTED_BITS:
+        raise ArgumentError(f"{fn}: bits={bits} must be 4 or 8")
+    return bits
+
+
+INT_GROUP_SIZES = (-1, 32, 64, 128)
+"""Group sizes the general Marlin GEMM serves for integer weights."""
+
+
+def _check_int_group_size(fn: str, group_size: object, k: int | None = None, k_name: str = "k") -> int:
+    """``group_size`` in -1/32/64/128 and, when ``k`` is known, dividing it.
+    Returns the rows per group (``k`` itself for -1 when ``k`` is given)."""
+    group_size = _check_group_size(fn, group_size)
+    if group_size not in INT_GROUP_SIZES:
+        raise ArgumentError(f"{fn}: group_size={group_size} must be one of -1, 32, 64, 128")
+    if k is None:
+        return group_size
+    if group_size == -1:
+        return k
+    if k % group_size:
+        raise ArgumentError(f"{fn}: {k_name}={k} must be a multiple of group_size={group_size}")
+    return group_size
+
+
+def _is_bfloat16(dtype: np.dtype) -> bool:
+    """ml_dtypes' bfloat16, recognised by name so ml_dtypes stays optional."""
+    return dtype.name == "bfloat16" and dtype.itemsize == 2
+
+
+def _bfloat16_bits_to_float32(bits16: np.ndarray) -> np.ndarray:
+    """uint16 bfloat16 bit patterns -> float32 (exact: bf16 is float32's top half)."""
+    return (bits16.astype(np.uint32) << 16).view(np.float32)
+
+
+def _check_scale_values(fn: str, name: str, scales: object) -> np.ndarray:
+    """Scales of an on-disk format: a float ndarray (fp16/fp32/fp64) or an
+    ml_dtypes bfloat16 ndarray. Returned as float32/float64 values (exact)."""
+    scales = _check_ndarray(fn, name, scales)
+    if _is_bfloat16(scales.dtype):
+        return _bfloat16_bits_to_float32(np.ascontiguousarray(scales).view(np.uint16))
+    if scales.dtype.kind != "f":
+        raise ArgumentTypeError(
+            f"{fn}: {name} must have a floating dtype (float16/32/64 or bfloat16), got {scales.dtype}"
+        )
+    return scales
 
 
 def _check_scales(fn: str, name: str, scales: object) -> np.ndarray:
@@ -196,12 +273,36 @@ def _words_from_bytes(nibble_pairs: np.ndarray) -> np.ndarray:
     return nibble_pairs.view("<i4").astype(np.int32, copy=False)
 
 
+def _pack_last_axis(values: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 values [R, C] (C a multiple of 32/bits, each < 2**bits) -> int32
+    [R, C*bits/32]: value ``i`` of each run at bits ``i*bits`` of its word."""
+    rows, cols = values.shape
+    if bits == 4:
+        values = values[:, 0::2] | (values[:, 1::2] << 4)
+    return _words_from_bytes(np.ascontiguousarray(values, dtype=np.uint8)).reshape(
+        rows, cols * bits // 32
+    )
+
+
+def _unpack_last_axis(words: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of _pack_last_axis: 32-bit words [R, W] -> uint8 [R, W*32/bits]."""
+    rows, width = words.shape
+    b = _little_endian_bytes(words).reshape(rows, 4 * width)
+    if bits == 8:
+        return b.copy()
+    out = np.empty((rows, 8 * width), dtype=np.uint8)
+    np.bitwise_and(b, 0x0F, out=out[:, 0::2])
+    np.right_shift(b, 4, out=out[:, 1::2])
+    return out
+
+
 # --------------------------------------------------------------------------
 # Permutations, built once at import.
 # --------------------------------------------------------------------------
-def _build_run_order() -> np.ndarray:
+def _build_run_order(interleave: np.ndarray) -> np.ndarray:
     """For each position of a packed 1024-value run, the index of its value in
-    the step-1 run (``tile*256 + row*16 + col``), steps 2 and 3 composed."""
+    the step-1 run (``tile*256 + row*16 + col``), steps 2 and 3 composed;
+    ``interleave`` is step 3's reorder of the values that share one word."""
     lane = np.arange(32)[:, None, None, None]
     tile = np.arange(4)[None, :, None, None]
     half = np.arange(2)[None, None, :, None]
@@ -209,7 +310,7 @@ def _build_run_order() -> np.ndarray:
     row = 2 * (lane % 4) + row_offset
     col = lane // 4 + 8 * half
     fragments = (tile * TILE * TILE + row * TILE + col).reshape(-1)  # (lane, tile, half, row)
-    return fragments.reshape(-1, 8)[:, _NIBBLE_INTERLEAVE].reshape(-1)
+    return fragments.reshape(-1, interleave.size)[:, interleave].reshape(-1)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -218,11 +319,13 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
-_RUN_ORDER = _frozen(_build_run_order())
+_RUN_ORDER = _frozen(_build_run_order(_NIBBLE_INTERLEAVE))
 # Even positions become the low nibble of a byte, odd positions the high one.
 _RUN_ORDER_LOW = _frozen(_RUN_ORDER[0::2])
 _RUN_ORDER_HIGH = _frozen(_RUN_ORDER[1::2])
 _RUN_ORDER_INVERSE = _frozen(np.argsort(_RUN_ORDER))
+_RUN_ORDER_INT8 = _frozen(_build_run_order(_BYTE_INTERLEAVE))
+_RUN_ORDER_INT8_INVERSE = _frozen(np.argsort(_RUN_ORDER_INT8))
 
 _SCALE_PERM_GROUPED = _frozen(np.arange(64).reshape(8, 8).T.reshape(-1))
 _SCALE_PERM_CHANNELWISE = _frozen(
@@ -230,6 +333,8 @@ _SCALE_PERM_CHANNELWISE = _frozen(
 )
 _SCALE_UNPERM_GROUPED = _frozen(np.argsort(_SCALE_PERM_GROUPED))
 _SCALE_UNPERM_CHANNELWISE = _frozen(np.argsort(_SCALE_PERM_CHANNELWISE))
+_WORD_INTERLEAVE = {4: _frozen(_NIBBLE_INTERLEAVE), 8: _frozen(_BYTE_INTERLEAVE)}
+_WORD_DEINTERLEAVE = {bits: _frozen(np.argsort(p)) for bits, p in _WORD_INTERLEAVE.items()}
 
 
 # --------------------------------------------------------------------------
@@ -274,13 +379,66 @@ def _unpack_tile_rows(words: np.ndarray, out: np.ndarray | None = None) -> np.nd
     return codes
 
 
-def _check_marlin_packed(fn: str, packed: object, k: object, n: object) -> tuple[np.ndarray, int, int]:
+def _pack_tile_rows_int8(codes: np.ndarray) -> np.ndarray:
+    """uint8 codes [16*t, N] (values 0..255) -> int32 words [t, 4N]."""
+    rows, n = codes.shape
+    t, runs = rows // TILE, n // CHUNK_COLUMNS
+    runs_flat = np.ascontiguousarray(_tile_runs(codes)).reshape(t, runs, _RUN_VALUES)
+    ordered = np.take(runs_flat, _RUN_ORDER_INT8, axis=2)
+    return _words_from_bytes(ordered).reshape(t, 4 * n)
+
+
+def _unpack_tile_rows_int8(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """int32 words [t, 4N] -> uint8 codes [16*t, N] (into ``out`` if given)."""
+    t, n = words.shape[0], words.shape[1] // 4
+    runs = n // CHUNK_COLUMNS
+    packed_order = _little_endian_bytes(words).reshape(t, runs, _RUN_VALUES)
+    runs_flat = np.take(packed_order, _RUN_ORDER_INT8_INVERSE, axis=2)
+    codes = np.empty((t * TILE, n), dtype=np.uint8) if out is None else out
+    _tile_runs(codes)[...] = runs_flat.reshape(t, runs, 4, TILE, TILE)
+    return codes
+
+
+def _words_per_column(bits: int) -> int:
+    """Words of one Marlin tile-row per output column: 16 values of ``bits``."""
+    return TILE * bits // 32
+
+
+def _marlin_pack_rows(rows_of, k: int, n: int, bits: int) -> np.ndarray:
+    """The Marlin buffer int32 ``[k/16, (bits/2)*n]`` of codes ``[k, n]`` that
+    ``rows_of(r0, r1)`` hands out a few tile-rows at a time (uint8-castable,
+    already validated). Converters pass a function that decodes just those
+    rows of their on-disk tensor, so no full uint8 copy of the codes is made."""
+    pack = _pack_tile_rows if bits == 4 else _pack_tile_rows_int8
+    packed = np.empty((k // TILE, _words_per_column(bits) * n), dtype=np.int32)
+    step = _tile_rows_per_step(n)
+    for t0 in range(0, k // TILE, step):
+        t1 = min(k // TILE, t0 + step)
+        rows = rows_of(t0 * TILE, t1 * TILE).astype(np.uint8, copy=False)
+        packed[t0:t1] = pack(rows)
+    return packed
+
+
+def _marlin_unpack_rows(packed: np.ndarray, k: int, n: int, bits: int) -> np.ndarray:
+    unpack = _unpack_tile_rows if bits == 4 else _unpack_tile_rows_int8
+    codes = np.empty((k, n), dtype=np.uint8)
+    step = _tile_rows_per_step(n)
+    for t0 in range(0, k // TILE, step):
+        t1 = min(k // TILE, t0 + step)
+        unpack(packed[t0:t1], out=codes[t0 * TILE : t1 * TILE])
+    return codes
+
+
+def _check_marlin_packed(
+    fn: str, packed: object, k: object, n: object, bits: int = 4
+) -> tuple[np.ndarray, int, int]:
     k = _check_size(fn, "k", k, TILE)
     n = _check_size(fn, "n", n, CHUNK_COLUMNS)
     packed = _check_ndarray(fn, "packed", packed)
     _check_integer_dtype(fn, "packed", packed, itemsize=4)
     _check_ndim(fn, "packed", packed, 2)
-    _check_shape(fn, "packed", packed, (k // TILE, 2 * n), "[k/16, 2n]")
+    w = _words_per_column(bits)
+    _check_shape(fn, "packed", packed, (k // TILE, w * n), f"[k/16, {w}n]")
     return packed, k, n
 
 
@@ -296,13 +454,7 @@ def marlin_pack_int4(codes: np.ndarray) -> np.ndarray:
     k, n = codes.shape
     _check_size(fn, "codes.shape[0]", k, TILE)
     _check_size(fn, "codes.shape[1]", n, CHUNK_COLUMNS)
-    packed = np.empty((k // TILE, 2 * n), dtype=np.int32)
-    step = _tile_rows_per_step(n)
-    for t0 in range(0, k // TILE, step):
-        t1 = min(k // TILE, t0 + step)
-        rows = codes[t0 * TILE : t1 * TILE].astype(np.uint8, copy=False)
-        packed[t0:t1] = _pack_tile_rows(rows)
-    return packed
+    return _marlin_pack_rows(lambda r0, r1: codes[r0:r1], k, n, 4)
 
 
 def marlin_unpack_int4(packed: np.ndarray, k: int, n: int) -> np.ndarray:
@@ -310,12 +462,27 @@ def marlin_unpack_int4(packed: np.ndarray, k: int, n: int) -> np.ndarray:
     codes ``[k, n]``. ``k`` and ``n`` are explicit so a buffer of the wrong
     shape is caught instead of being reinterpreted."""
     packed, k, n = _check_marlin_packed("marlin_unpack_int4", packed, k, n)
-    codes = np.empty((k, n), dtype=np.uint8)
-    step = _tile_rows_per_step(n)
-    for t0 in range(0, k // TILE, step):
-        t1 = min(k // TILE, t0 + step)
-        _unpack_tile_rows(packed[t0:t1], out=codes[t0 * TILE : t1 * TILE])
-    return codes
+    return _marlin_unpack_rows(packed, k, n, 4)
+
+
+def marlin_pack_int8(codes: np.ndarray) -> np.ndarray:
+    """Pack 8-bit codes ``[K, N]`` (0..255: INT8 codes with bias 128, or the
+    raw bytes of FP8-E4M3 weights) into the 8-bit Marlin buffer int32
+    ``[K/16, 4N]`` (module doc: same tiles and lanes as 4 bits, bytes
+    ``[0, 2, 1, 3]`` per word). K must be a multiple of 16 and N of 64."""
+    fn = "marlin_pack_int8"
+    codes = _check_codes(fn, "codes", codes, max_value=255)
+    k, n = codes.shape
+    _check_size(fn, "codes.shape[0]", k, TILE)
+    _check_size(fn, "codes.shape[1]", n, CHUNK_COLUMNS)
+    return _marlin_pack_rows(lambda r0, r1: codes[r0:r1], k, n, 8)
+
+
+def marlin_unpack_int8(packed: np.ndarray, k: int, n: int) -> np.ndarray:
+    """Exact inverse of :func:`marlin_pack_int8`: int32 ``[k/16, 4n]`` ->
+    uint8 codes ``[k, n]``."""
+    packed, k, n = _check_marlin_packed("marlin_unpack_int8", packed, k, n, bits=8)
+    return _marlin_unpack_rows(packed, k, n, 8)
 
 
 def _scale_permutation(fn: str, scales: object, group_size: object, inverse: bool) -> np.ndarray:
@@ -347,3 +514,41 @@ def marlin_permute_scales(scales: np.ndarray, group_size: int) -> np.ndarray:
 def marlin_unpermute_scales(scales: np.ndarray, group_size: int) -> np.ndarray:
     """Inverse of :func:`marlin_permute_scales` (fp16, same shape)."""
     return _scale_permutation("marlin_unpermute_scales", scales, group_size, inverse=True)
+
+
+def marlin_pack_zero_points(zero_points: np.ndarray, bits: int) -> np.ndarray:
+    """Zero points ``[G, N]`` (integers 0..2**bits-1, one row per group) ->
+    int32 ``[G, N*bits/32]`` in the order the kernel reads them: per row the
+    grouped scale permutation (per 64 columns ``new[8i + j] = old[i + 8j]``),
+    then per word the interleave ``[0, 2, 4, 6, 1, 3, 5, 7]`` (4 bits) or
+    ``[0, 2, 1, 3]`` (8 bits), packed along N with value ``i`` at bits
+    ``i*bits``. N must be a multiple of 64."""
+    fn = "marlin_pack_zero_points"
+    bits = _check_bits(fn, bits)
+    zero_points = _check_codes(fn, "zero_points", zero_points, max_value=(1 << bits) - 1)
+    rows, n = zero_points.shape
+    _check_size(fn, "zero_points.shape[0]", rows)
+    _check_size(fn, "zero_points.shape[1]", n, CHUNK_COLUMNS)
+    per_word = 32 // bits
+    z = zero_points.astype(np.uint8, copy=False)
+    z = z.reshape(rows, n // CHUNK_COLUMNS, CHUNK_COLUMNS)[:, :, _SCALE_PERM_GROUPED]
+    z = z.reshape(rows, n // per_word, per_word)[:, :, _WORD_INTERLEAVE[bits]]
+    return _pack_last_axis(z.reshape(rows, n), bits)
+
+
+def marlin_unpack_zero_points(packed: np.ndarray, n: int, bits: int) -> np.ndarray:
+    """Exact inverse of :func:`marlin_pack_zero_points`: int32
+    ``[G, n*bits/32]`` -> uint8 ``[G, n]``."""
+    fn = "marlin_unpack_zero_points"
+    bits = _check_bits(fn, bits)
+    n = _check_size(fn, "n", n, CHUNK_COLUMNS)
+    packed = _check_ndarray(fn, "packed", packed)
+    _check_integer_dtype(fn, "packed", packed, itemsize=4)
+    _check_ndim(fn, "packed", packed, 2)
+    rows = _check_size(fn, "packed.shape[0]", packed.shape[0])
+    _check_shape(fn, "packed", packed, (rows, n * bits // 32), f"[G, n*{bits}/32]")
+    per_word = 32 // bits
+    z = _unpack_last_axis(packed, bits)
+    z = z.reshape(rows, n // per_word, per_word)[:, :, _WORD_DEINTERLEAVE[bits]]
+    z = z.reshape(rows, n // CHUNK_COLUMNS, CHUNK_COLUMNS)[:, :, _SCALE_UNPERM_GROUPED]
+    return np.ascontiguousarray(z.reshape(rows, n))
