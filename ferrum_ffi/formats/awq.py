@@ -34,22 +34,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._common import (
+    check_codes,
+    check_int_group_size,
+    check_integer_dtype,
+    check_ndarray,
+    check_ndim,
+    check_scale_values,
+    check_shape,
+    check_size,
+    to_float16_finite,
+    pack_last_axis,
+    unpack_last_axis,
+)
 from .marlin import (
     CHUNK_COLUMNS,
     TILE,
     _STEP_VALUES,
-    _check_codes,
-    _check_int_group_size,
-    _check_integer_dtype,
-    _check_ndarray,
-    _check_ndim,
-    _check_scale_values,
-    _check_shape,
-    _check_size,
-    _marlin_pack_rows,
-    _to_float16_finite,
-    _pack_last_axis,
-    _unpack_last_axis,
+    marlin_pack_rows,
     marlin_pack_zero_points,
     marlin_permute_scales,
 )
@@ -77,16 +79,16 @@ assert (_ORDER[_REVERSE] == np.arange(8)).all()
 def _decode_rows(words: np.ndarray) -> np.ndarray:
     """int32 [R, W] -> uint8 [R, 8W] in column order."""
     r, w = words.shape
-    nibbles = _unpack_last_axis(words, 4).reshape(r, w, 8)
+    nibbles = unpack_last_axis(words, 4).reshape(r, w, 8)
     return np.ascontiguousarray(nibbles[:, :, _REVERSE]).reshape(r, 8 * w)
 
 
 def _check_packed(fn: str, name: str, words: object) -> np.ndarray:
-    words = _check_ndarray(fn, name, words)
-    _check_integer_dtype(fn, name, words, itemsize=4)
-    _check_ndim(fn, name, words, 2)
-    _check_size(fn, f"{name}.shape[0]", words.shape[0])
-    _check_size(fn, f"{name}.shape[1]", words.shape[1])
+    words = check_ndarray(fn, name, words)
+    check_integer_dtype(fn, name, words, itemsize=4)
+    check_ndim(fn, name, words, 2)
+    check_size(fn, f"{name}.shape[0]", words.shape[0])
+    check_size(fn, f"{name}.shape[1]", words.shape[1])
     return words
 
 
@@ -116,12 +118,12 @@ def awq_pack(codes: np.ndarray) -> np.ndarray:
     ``[R, N]`` (0..15, N a multiple of 8) -> int32 ``[R, N/8]``. For tests and
     tools that write checkpoints."""
     fn = "awq_pack"
-    codes = _check_codes(fn, "codes", codes)
+    codes = check_codes(fn, "codes", codes)
     r, n = codes.shape
-    _check_size(fn, "codes.shape[0]", r)
-    _check_size(fn, "codes.shape[1]", n, 8)
+    check_size(fn, "codes.shape[0]", r)
+    check_size(fn, "codes.shape[1]", n, 8)
     nibbles = codes.astype(np.uint8, copy=False).reshape(r, n // 8, 8)[:, :, _ORDER]
-    return _pack_last_axis(nibbles.reshape(r, n), 4)
+    return pack_last_axis(nibbles.reshape(r, n), 4)
 
 
 def _check_layer(fn: str, qweight, scales, qzeros, group_size):
@@ -129,13 +131,13 @@ def _check_layer(fn: str, qweight, scales, qzeros, group_size):
     k, n, rows per group)."""
     qweight = _check_packed(fn, "qweight", qweight)
     k, n = qweight.shape[0], 8 * qweight.shape[1]
-    rows = _check_int_group_size(fn, group_size, k, "k = qweight.shape[0]")
+    rows = check_int_group_size(fn, group_size, k, "k = qweight.shape[0]")
     groups = k // rows
-    scales = _check_scale_values(fn, "scales", scales)
-    _check_ndim(fn, "scales", scales, 2)
-    _check_shape(fn, "scales", scales, (groups, n), "[k/group_size, n], [1, n] if group_size=-1")
+    scales = check_scale_values(fn, "scales", scales)
+    check_ndim(fn, "scales", scales, 2)
+    check_shape(fn, "scales", scales, (groups, n), "[k/group_size, n], [1, n] if group_size=-1")
     qzeros = _check_packed(fn, "qzeros", qzeros)
-    _check_shape(fn, "qzeros", qzeros, (groups, n // 8), "[k/group_size, n/8]")
+    check_shape(fn, "qzeros", qzeros, (groups, n // 8), "[k/group_size, n/8]")
     return qweight, scales, qzeros, k, n, rows
 
 
@@ -166,9 +168,9 @@ def awq_to_marlin(
     K must be a multiple of 16 and N of 64 (the layout's tiles)."""
     fn = "awq_to_marlin"
     qweight, scale_values, qzeros, k, n, _ = _check_layer(fn, qweight, scales, qzeros, group_size)
-    _check_size(fn, "k = qweight.shape[0]", k, TILE)
-    _check_size(fn, "n = 8 * qweight.shape[1]", n, CHUNK_COLUMNS)
-    marlin_scales = marlin_permute_scales(_to_float16_finite(fn, "scales", scale_values), group_size)
-    packed = _marlin_pack_rows(lambda r0, r1: _decode_rows(qweight[r0:r1]), k, n, 4)
+    check_size(fn, "k = qweight.shape[0]", k, TILE)
+    check_size(fn, "n = 8 * qweight.shape[1]", n, CHUNK_COLUMNS)
+    marlin_scales = marlin_permute_scales(to_float16_finite(fn, "scales", scale_values), group_size)
+    packed = marlin_pack_rows(lambda r0, r1: _decode_rows(qweight[r0:r1]), k, n, 4)
     zero_points = marlin_pack_zero_points(awq_unpack_zeros(qzeros), 4)
     return packed, marlin_scales, zero_points

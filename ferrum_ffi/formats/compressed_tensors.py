@@ -45,22 +45,24 @@ import numpy as np
 
 from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 
+from ._common import (
+    INT_GROUP_SIZES,
+    check_bits,
+    check_int_group_size,
+    check_integer_dtype,
+    check_ndarray,
+    check_ndim,
+    check_scale_values,
+    check_shape,
+    check_size,
+    to_float16_finite,
+    pack_last_axis,
+    unpack_last_axis,
+)
 from .marlin import (
     CHUNK_COLUMNS,
-    INT_GROUP_SIZES,
     TILE,
-    _check_bits,
-    _check_int_group_size,
-    _check_integer_dtype,
-    _check_ndarray,
-    _check_ndim,
-    _check_scale_values,
-    _check_shape,
-    _check_size,
-    _marlin_pack_rows,
-    _to_float16_finite,
-    _pack_last_axis,
-    _unpack_last_axis,
+    marlin_pack_rows,
     marlin_pack_zero_points,
     marlin_permute_scales,
 )
@@ -80,11 +82,11 @@ def _offset(bits: int) -> int:
 
 
 def _check_packed(fn: str, name: str, words: object) -> np.ndarray:
-    words = _check_ndarray(fn, name, words)
-    _check_integer_dtype(fn, name, words, itemsize=4)
-    _check_ndim(fn, name, words, 2)
-    _check_size(fn, f"{name}.shape[0]", words.shape[0])
-    _check_size(fn, f"{name}.shape[1]", words.shape[1])
+    words = check_ndarray(fn, name, words)
+    check_integer_dtype(fn, name, words, itemsize=4)
+    check_ndim(fn, name, words, 2)
+    check_size(fn, f"{name}.shape[0]", words.shape[0])
+    check_size(fn, f"{name}.shape[1]", words.shape[1])
     return words
 
 
@@ -93,7 +95,7 @@ def _check_weight_shape(fn: str, weight_shape: object, rows: int, max_k: int, pa
     if weight_shape is None:
         return max_k
     if isinstance(weight_shape, np.ndarray):
-        _check_integer_dtype(fn, "weight_shape", weight_shape)
+        check_integer_dtype(fn, "weight_shape", weight_shape)
         values = weight_shape.reshape(-1).tolist()
     elif isinstance(weight_shape, (tuple, list)):
         values = list(weight_shape)
@@ -103,8 +105,8 @@ def _check_weight_shape(fn: str, weight_shape: object, rows: int, max_k: int, pa
         )
     if len(values) != 2:
         raise ArgumentError(f"{fn}: weight_shape must hold 2 values (N_out, K_in), got {len(values)}")
-    n_out = _check_size(fn, "weight_shape[0]", values[0])
-    k_in = _check_size(fn, "weight_shape[1]", values[1])
+    n_out = check_size(fn, "weight_shape[0]", values[0])
+    k_in = check_size(fn, "weight_shape[1]", values[1])
     if n_out != rows:
         raise ArgumentError(
             f"{fn}: weight_shape[0]={n_out} must equal weight_packed.shape[0]={rows}"
@@ -119,7 +121,7 @@ def _check_weight_shape(fn: str, weight_shape: object, rows: int, max_k: int, pa
 
 def _unpack_stored(words: np.ndarray, bits: int) -> np.ndarray:
     """Stored unsigned values of words packed along the last axis."""
-    return _unpack_last_axis(words, bits)
+    return unpack_last_axis(words, bits)
 
 
 def ct_unpack(weight_packed: np.ndarray, bits: int, weight_shape: object = None) -> np.ndarray:
@@ -127,7 +129,7 @@ def ct_unpack(weight_packed: np.ndarray, bits: int, weight_shape: object = None)
     values int8 ``[N_out, K_in]`` (stored - ``2**(bits-1)``). Without
     ``weight_shape`` K_in is ``32/bits`` times the word count."""
     fn = "ct_unpack"
-    bits = _check_bits(fn, bits)
+    bits = check_bits(fn, bits)
     weight_packed = _check_packed(fn, "weight_packed", weight_packed)
     pack = 32 // bits
     rows, words = weight_packed.shape
@@ -137,17 +139,17 @@ def ct_unpack(weight_packed: np.ndarray, bits: int, weight_shape: object = None)
 
 
 def _check_signed(fn: str, name: str, values: object, bits: int) -> np.ndarray:
-    values = _check_ndarray(fn, name, values)
-    _check_integer_dtype(fn, name, values)
-    _check_ndim(fn, name, values, 2)
+    values = check_ndarray(fn, name, values)
+    check_integer_dtype(fn, name, values)
+    check_ndim(fn, name, values, 2)
     low, high = -_offset(bits), _offset(bits) - 1
     if values.size and (int(values.min()) < low or int(values.max()) > high):
         raise ArgumentError(
             f"{fn}: {name} values must be in {low}..{high} for bits={bits}, "
             f"got range {int(values.min())}..{int(values.max())}"
         )
-    _check_size(fn, f"{name}.shape[0]", values.shape[0])
-    _check_size(fn, f"{name}.shape[1]", values.shape[1])
+    check_size(fn, f"{name}.shape[0]", values.shape[0])
+    check_size(fn, f"{name}.shape[1]", values.shape[1])
     return values
 
 
@@ -165,20 +167,20 @@ def ct_pack(q: np.ndarray, bits: int) -> np.ndarray:
     ``weight_packed`` int32 ``[N_out, ceil(K_in*bits/32)]`` (padding stored
     as 0). For tests and tools that write checkpoints."""
     fn = "ct_pack"
-    bits = _check_bits(fn, bits)
+    bits = check_bits(fn, bits)
     q = _check_signed(fn, "q", q, bits)
-    return _pack_last_axis(_stored_padded(q, bits), bits)
+    return pack_last_axis(_stored_padded(q, bits), bits)
 
 
 def ct_unpack_zero_points(weight_zero_point: np.ndarray, bits: int, n_out: int) -> np.ndarray:
     """``weight_zero_point`` int32 ``[ceil(N_out*bits/32), G]`` (packed along
     N_out) -> signed zero points int8 ``[N_out, G]``."""
     fn = "ct_unpack_zero_points"
-    bits = _check_bits(fn, bits)
-    n_out = _check_size(fn, "n_out", n_out)
+    bits = check_bits(fn, bits)
+    n_out = check_size(fn, "n_out", n_out)
     zp = _check_packed(fn, "weight_zero_point", weight_zero_point)
     pack = 32 // bits
-    _check_shape(
+    check_shape(
         fn, "weight_zero_point", zp, (-(-n_out // pack), zp.shape[1]), f"[ceil(n_out*{bits}/32), G]"
     )
     stored = _unpack_stored(zp.T, bits)[:, :n_out]  # [G, N_out]
@@ -189,26 +191,26 @@ def ct_pack_zero_points(zero_points: np.ndarray, bits: int) -> np.ndarray:
     """Inverse of :func:`ct_unpack_zero_points`: signed ``[N_out, G]`` ->
     int32 ``[ceil(N_out*bits/32), G]``."""
     fn = "ct_pack_zero_points"
-    bits = _check_bits(fn, bits)
+    bits = check_bits(fn, bits)
     zero_points = _check_signed(fn, "zero_points", zero_points, bits)
-    return np.ascontiguousarray(_pack_last_axis(_stored_padded(zero_points.T, bits), bits).T)
+    return np.ascontiguousarray(pack_last_axis(_stored_padded(zero_points.T, bits), bits).T)
 
 
 def _check_layer(fn, weight_packed, weight_scale, weight_zero_point, bits, group_size, weight_shape):
     """Validate a whole layer. Returns (weight_packed, scale values [N, G],
     signed zero points [N, G] or None, bits, n, k, group_size (-1 or rows))."""
-    bits = _check_bits(fn, bits)
+    bits = check_bits(fn, bits)
     weight_packed = _check_packed(fn, "weight_packed", weight_packed)
     pack = 32 // bits
     n, words = weight_packed.shape
     k = _check_weight_shape(fn, weight_shape, n, words * pack, pack)
-    scales = _check_scale_values(fn, "weight_scale", weight_scale)
-    _check_ndim(fn, "weight_scale", scales, 2)
+    scales = check_scale_values(fn, "weight_scale", weight_scale)
+    check_ndim(fn, "weight_scale", scales, 2)
     if scales.shape[0] != n:
         raise ArgumentError(
             f"{fn}: weight_scale must have shape [N_out, G] with N_out={n}, got {scales.shape}"
         )
-    groups = _check_size(fn, "weight_scale.shape[1]", scales.shape[1])
+    groups = check_size(fn, "weight_scale.shape[1]", scales.shape[1])
     if group_size is None:
         if groups == 1:
             group_size = -1
@@ -219,14 +221,14 @@ def _check_layer(fn, weight_packed, weight_scale, weight_zero_point, bits, group
             )
         else:
             group_size = k // groups
-    rows = _check_int_group_size(fn, group_size, k, "K_in")
-    _check_shape(
+    rows = check_int_group_size(fn, group_size, k, "K_in")
+    check_shape(
         fn, "weight_scale", scales, (n, k // rows), "[N_out, K_in/group_size], [N_out, 1] if group_size=-1"
     )
     zero_points = None
     if weight_zero_point is not None:
         zp = _check_packed(fn, "weight_zero_point", weight_zero_point)
-        _check_shape(
+        check_shape(
             fn, "weight_zero_point", zp, (-(-n // pack), k // rows), f"[ceil(N_out*{bits}/32), G]"
         )
         zero_points = ct_unpack_zero_points(zp, bits, n)
@@ -282,12 +284,12 @@ def ct_to_marlin(
     weight_packed, scales, zero_points, bits, n, k, group_size = _check_layer(
         fn, weight_packed, weight_scale, weight_zero_point, bits, group_size, weight_shape
     )
-    _check_size(fn, "K_in", k, TILE)
-    _check_size(fn, "N_out", n, CHUNK_COLUMNS)
+    check_size(fn, "K_in", k, TILE)
+    check_size(fn, "N_out", n, CHUNK_COLUMNS)
     pack = 32 // bits
-    scales16 = _to_float16_finite(fn, "weight_scale", np.ascontiguousarray(scales.T))
+    scales16 = to_float16_finite(fn, "weight_scale", np.ascontiguousarray(scales.T))
     marlin_scales = marlin_permute_scales(scales16, group_size)
-    packed = _marlin_pack_rows(
+    packed = marlin_pack_rows(
         lambda r0, r1: _unpack_stored(weight_packed[:, r0 // pack : r1 // pack], bits).T, k, n, bits
     )
     marlin_zero_points = None

@@ -52,16 +52,18 @@ import numpy as np
 
 from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 
+from ._common import (
+    bfloat16_bits_to_float32,
+    check_ndarray,
+    check_ndim,
+    check_shape,
+    check_size,
+    is_bfloat16,
+)
 from .marlin import (
     CHUNK_COLUMNS,
     TILE,
-    _bfloat16_bits_to_float32,
-    _check_ndarray,
-    _check_ndim,
-    _check_shape,
-    _check_size,
-    _is_bfloat16,
-    _marlin_pack_rows,
+    marlin_pack_rows,
     marlin_permute_scales,
 )
 
@@ -101,7 +103,7 @@ def _as_e4m3_bytes(fn: str, name: str, values: object) -> np.ndarray:
     or a bytes-like object (1-D)."""
     if isinstance(values, (bytes, bytearray, memoryview)):
         return np.frombuffer(values, dtype=np.uint8)
-    values = _check_ndarray(fn, name, values)
+    values = check_ndarray(fn, name, values)
     if values.dtype.name == "float8_e4m3fn" and values.dtype.itemsize == 1:
         return values.view(np.uint8)
     if values.dtype != np.uint8:
@@ -160,14 +162,14 @@ def _scale_values(fn: str, name: str, scale: object) -> np.ndarray:
                 f"{fn}: {name} given as bytes must be little-endian bf16 values "
                 f"(an even number of bytes), got {raw.size} bytes"
             )
-        return _bfloat16_bits_to_float32(raw.view("<u2").astype(np.uint16)).astype(np.float64)
+        return bfloat16_bits_to_float32(raw.view("<u2").astype(np.uint16)).astype(np.float64)
     if isinstance(scale, (float, int, np.floating, np.integer)) and not isinstance(
         scale, (bool, np.bool_)
     ):
         return np.asarray(float(scale), dtype=np.float64)
-    scale = _check_ndarray(fn, name, scale)
-    if _is_bfloat16(scale.dtype):
-        return _bfloat16_bits_to_float32(np.ascontiguousarray(scale).view(np.uint16)).astype(np.float64)
+    scale = check_ndarray(fn, name, scale)
+    if is_bfloat16(scale.dtype):
+        return bfloat16_bits_to_float32(np.ascontiguousarray(scale).view(np.uint16)).astype(np.float64)
     if scale.dtype.kind != "f":
         raise ArgumentTypeError(
             f"{fn}: {name} must have a floating dtype (float16/32/64 or bfloat16), got {scale.dtype}"
@@ -207,8 +209,8 @@ def _block_scales(fn: str, name: str, s: np.ndarray, n: int, k: int) -> np.ndarr
     rows, cols = -(-n // FP8_BLOCK[0]), -(-k // FP8_BLOCK[1])
     if s.shape == (rows * cols,):
         return s.reshape(rows, cols)
-    _check_ndim(fn, name, s, 2)
-    _check_shape(fn, name, s, (rows, cols), "[ceil(N/128), ceil(K/128)]")
+    check_ndim(fn, name, s, 2)
+    check_shape(fn, name, s, (rows, cols), "[ceil(N/128), ceil(K/128)]")
     return s
 
 
@@ -217,9 +219,9 @@ def _block_scales(fn: str, name: str, s: np.ndarray, n: int, k: int) -> np.ndarr
 # --------------------------------------------------------------------------
 def _check_weight(fn: str, weight: object) -> np.ndarray:
     weight = _as_e4m3_bytes(fn, "weight_bytes", weight)
-    _check_ndim(fn, "weight_bytes", weight, 2)
-    _check_size(fn, "weight_bytes.shape[0]", weight.shape[0])
-    _check_size(fn, "weight_bytes.shape[1]", weight.shape[1])
+    check_ndim(fn, "weight_bytes", weight, 2)
+    check_size(fn, "weight_bytes.shape[0]", weight.shape[0])
+    check_size(fn, "weight_bytes.shape[1]", weight.shape[1])
     return weight
 
 
@@ -260,8 +262,8 @@ def _marlin_fp16_scales(fn: str, name: str, scales: np.ndarray) -> np.ndarray:
 
 def _prepare(fn: str, weight: np.ndarray, s: np.ndarray, scale_name: str, block) -> tuple[np.ndarray, np.ndarray]:
     n, k = weight.shape
-    _check_size(fn, "n (weight_bytes.shape[0])", n, CHUNK_COLUMNS)
-    _check_size(fn, "k (weight_bytes.shape[1])", k, TILE if block is None else FP8_BLOCK[1])
+    check_size(fn, "n (weight_bytes.shape[0])", n, CHUNK_COLUMNS)
+    check_size(fn, "k (weight_bytes.shape[1])", k, TILE if block is None else FP8_BLOCK[1])
     nan = (weight & 0x7F) == 0x7F  # exactly the E4M3_NAN_BYTES
     if nan.any():
         n0, k0 = (int(i) for i in np.argwhere(nan)[0])
@@ -275,7 +277,7 @@ def _prepare(fn: str, weight: np.ndarray, s: np.ndarray, scale_name: str, block)
         blocks = _marlin_fp16_scales(fn, scale_name, _block_scales(fn, scale_name, s, n, k))
         grouped = blocks[np.arange(n) // FP8_BLOCK[0], :].T  # [K/128, N]
         marlin_scales = marlin_permute_scales(np.ascontiguousarray(grouped), FP8_BLOCK[1])
-    packed = _marlin_pack_rows(lambda r0, r1: weight[:, r0:r1].T, k, n, 8)
+    packed = marlin_pack_rows(lambda r0, r1: weight[:, r0:r1].T, k, n, 8)
     return packed, marlin_scales
 
 
@@ -310,8 +312,8 @@ def prepare_block_fp8_weight_for_fp8_marlin(
     multiply), ``[ceil(n/128), ceil(k/128)]`` or flattened, as a float or
     bfloat16 ndarray, or as little-endian bf16 bytes."""
     fn = "prepare_block_fp8_weight_for_fp8_marlin"
-    n = _check_size(fn, "n", n)
-    k = _check_size(fn, "k", k)
+    n = check_size(fn, "n", n)
+    k = check_size(fn, "k", k)
     block = _check_block(fn, block)
     if block is None:
         raise ArgumentError(f"{fn}: block must be (128, 128), got None")
@@ -323,6 +325,6 @@ def prepare_block_fp8_weight_for_fp8_marlin(
                 f"got shape {weight.shape}"
             )
         weight = weight.reshape(n, k)
-    _check_ndim(fn, "weight_bytes", weight, 2)
-    _check_shape(fn, "weight_bytes", weight, (n, k), "[n, k], or n*k bytes")
+    check_ndim(fn, "weight_bytes", weight, 2)
+    check_shape(fn, "weight_bytes", weight, (n, k), "[n, k], or n*k bytes")
     return _prepare(fn, weight, _scale_values(fn, "inverse_scales", inverse_scales), "inverse_scales", block)

@@ -30,28 +30,30 @@ import numpy as np
 
 from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 
+from ._common import (
+    check_bits,
+    check_codes,
+    check_group_size,
+    check_int_group_size,
+    check_integer_dtype,
+    check_ndarray,
+    check_ndim,
+    check_scale_values,
+    check_scales,
+    check_shape,
+    check_size,
+    little_endian_bytes,
+    unpack_last_axis,
+    words_from_bytes,
+)
 from .marlin import (
     CHUNK_COLUMNS,
     TILE,
     _STEP_VALUES,
-    _check_bits,
-    _check_codes,
-    _check_group_size,
-    _check_int_group_size,
-    _check_integer_dtype,
     _check_marlin_packed,
-    _check_ndarray,
-    _check_ndim,
-    _check_scale_values,
-    _check_scales,
-    _check_shape,
-    _check_size,
-    _little_endian_bytes,
-    _marlin_pack_rows,
+    marlin_pack_rows,
     _pack_tile_rows,
-    _unpack_last_axis,
     _unpack_tile_rows,
-    _words_from_bytes,
     marlin_permute_scales,
 )
 
@@ -84,7 +86,7 @@ def _word_rows_per_step(n: int, bits: int = 4) -> int:
 def _unpack_word_rows(qweight: np.ndarray) -> np.ndarray:
     """int32 [R, N] -> uint8 codes [8R, N]."""
     r, n = qweight.shape
-    pairs = _little_endian_bytes(qweight).reshape(r, n, _PER_WORD // 2)
+    pairs = little_endian_bytes(qweight).reshape(r, n, _PER_WORD // 2)
     codes = np.empty((r * _PER_WORD, n), dtype=np.uint8)
     by_word = codes.reshape(r, _PER_WORD, n)
     # Byte j of a little-endian word holds values 2j (low nibble) and 2j+1.
@@ -100,13 +102,13 @@ def _pack_word_rows(codes: np.ndarray) -> np.ndarray:
     low = by_word[:, 0::2, :].transpose(0, 2, 1)
     high = by_word[:, 1::2, :].transpose(0, 2, 1)
     pairs = np.ascontiguousarray(low | (high << 4))  # [R, N, 4]
-    return _words_from_bytes(pairs).reshape(k // _PER_WORD, n)
+    return words_from_bytes(pairs).reshape(k // _PER_WORD, n)
 
 
 def _unpack_word_rows_int8(qweight: np.ndarray) -> np.ndarray:
     """int32 [R, N] -> uint8 codes [4R, N]: byte i of word r is row 4r + i."""
     r, n = qweight.shape
-    b = _little_endian_bytes(qweight).reshape(r, n, 4)
+    b = little_endian_bytes(qweight).reshape(r, n, 4)
     return np.ascontiguousarray(b.transpose(0, 2, 1)).reshape(4 * r, n)
 
 
@@ -114,7 +116,7 @@ def _pack_word_rows_int8(codes: np.ndarray) -> np.ndarray:
     """uint8 codes [4R, N] -> int32 [R, N]."""
     k, n = codes.shape
     b = np.ascontiguousarray(codes.reshape(k // 4, 4, n).transpose(0, 2, 1), dtype=np.uint8)
-    return _words_from_bytes(b).reshape(k // 4, n)
+    return words_from_bytes(b).reshape(k // 4, n)
 
 
 _UNPACK_WORD_ROWS = {4: _unpack_word_rows, 8: _unpack_word_rows_int8}
@@ -122,11 +124,11 @@ _PACK_WORD_ROWS = {4: _pack_word_rows, 8: _pack_word_rows_int8}
 
 
 def _check_qweight(fn: str, qweight: object) -> np.ndarray:
-    qweight = _check_ndarray(fn, "qweight", qweight)
-    _check_integer_dtype(fn, "qweight", qweight, itemsize=4)
-    _check_ndim(fn, "qweight", qweight, 2)
-    _check_size(fn, "qweight.shape[0]", qweight.shape[0])
-    _check_size(fn, "qweight.shape[1]", qweight.shape[1])
+    qweight = check_ndarray(fn, "qweight", qweight)
+    check_integer_dtype(fn, "qweight", qweight, itemsize=4)
+    check_ndim(fn, "qweight", qweight, 2)
+    check_size(fn, "qweight.shape[0]", qweight.shape[0])
+    check_size(fn, "qweight.shape[1]", qweight.shape[1])
     return qweight
 
 
@@ -144,11 +146,11 @@ def _gptq_unpack(fn: str, qweight: object, bits: int) -> np.ndarray:
 
 
 def _gptq_pack(fn: str, codes: object, bits: int) -> np.ndarray:
-    codes = _check_codes(fn, "codes", codes, max_value=(1 << bits) - 1)
+    codes = check_codes(fn, "codes", codes, max_value=(1 << bits) - 1)
     k, n = codes.shape
     per_word = 32 // bits
-    _check_size(fn, "codes.shape[0]", k, per_word)
-    _check_size(fn, "codes.shape[1]", n)
+    check_size(fn, "codes.shape[0]", k, per_word)
+    check_size(fn, "codes.shape[1]", n)
     pack = _PACK_WORD_ROWS[bits]
     qweight = np.empty((k // per_word, n), dtype=np.int32)
     step = _word_rows_per_step(n, bits)
@@ -175,22 +177,22 @@ def gptq_unpack(qweight: np.ndarray, bits: int) -> np.ndarray:
     (0..2**bits-1); word ``r`` of column ``n`` holds rows ``r*32/bits + i`` at
     bits ``i*bits``. ``bits`` is 4 or 8."""
     fn = "gptq_unpack"
-    return _gptq_unpack(fn, qweight, _check_bits(fn, bits))
+    return _gptq_unpack(fn, qweight, check_bits(fn, bits))
 
 
 def gptq_pack(codes: np.ndarray, bits: int) -> np.ndarray:
     """Inverse of :func:`gptq_unpack`: codes ``[K, N]`` (0..2**bits-1, K a
     multiple of 32/bits) -> int32 ``[K*bits/32, N]``."""
     fn = "gptq_pack"
-    return _gptq_pack(fn, codes, _check_bits(fn, bits))
+    return _gptq_pack(fn, codes, check_bits(fn, bits))
 
 
 def _check_qzeros(fn: str, qzeros: object, bits: int) -> np.ndarray:
-    qzeros = _check_ndarray(fn, "qzeros", qzeros)
-    _check_integer_dtype(fn, "qzeros", qzeros, itemsize=4)
-    _check_ndim(fn, "qzeros", qzeros, 2)
-    _check_size(fn, "qzeros.shape[0]", qzeros.shape[0])
-    _check_size(fn, "qzeros.shape[1]", qzeros.shape[1])
+    qzeros = check_ndarray(fn, "qzeros", qzeros)
+    check_integer_dtype(fn, "qzeros", qzeros, itemsize=4)
+    check_ndim(fn, "qzeros", qzeros, 2)
+    check_size(fn, "qzeros.shape[0]", qzeros.shape[0])
+    check_size(fn, "qzeros.shape[1]", qzeros.shape[1])
     return qzeros
 
 
@@ -201,8 +203,8 @@ def gptq_unpack_zeros(qzeros: np.ndarray, bits: int) -> np.ndarray:
     AutoGPTQ stores ``zero - 1``; use :func:`gptq_zero_points` for the zero
     points themselves."""
     fn = "gptq_unpack_zeros"
-    bits = _check_bits(fn, bits)
-    return _unpack_last_axis(_check_qzeros(fn, qzeros, bits), bits)
+    bits = check_bits(fn, bits)
+    return unpack_last_axis(_check_qzeros(fn, qzeros, bits), bits)
 
 
 def gptq_zero_points(qzeros: np.ndarray, bits: int) -> np.ndarray:
@@ -216,18 +218,18 @@ def gptq_zero_points(qzeros: np.ndarray, bits: int) -> np.ndarray:
     higher values of the word, so such a checkpoint is damaged either way).
     Masking keeps the result a valid code and maps that case back to 0."""
     fn = "gptq_zero_points"
-    bits = _check_bits(fn, bits)
-    stored = _unpack_last_axis(_check_qzeros(fn, qzeros, bits), bits)
+    bits = check_bits(fn, bits)
+    stored = unpack_last_axis(_check_qzeros(fn, qzeros, bits), bits)
     return ((stored.astype(np.uint16) + 1) & ((1 << bits) - 1)).astype(np.uint8)
 
 
 def _check_g_idx(fn: str, g_idx: object, k: int, groups: int, group_size: int) -> np.ndarray:
     """An act-order ``g_idx``: one group per row, every group exactly
     ``group_size`` rows (a permutation of the plain ``k // group_size``)."""
-    g_idx = _check_ndarray(fn, "g_idx", g_idx)
-    _check_integer_dtype(fn, "g_idx", g_idx)
-    _check_ndim(fn, "g_idx", g_idx, 1)
-    _check_shape(fn, "g_idx", g_idx, (k,), "one group index per row of K")
+    g_idx = check_ndarray(fn, "g_idx", g_idx)
+    check_integer_dtype(fn, "g_idx", g_idx)
+    check_ndim(fn, "g_idx", g_idx, 1)
+    check_shape(fn, "g_idx", g_idx, (k,), "one group index per row of K")
     low, high = int(g_idx.min()), int(g_idx.max())
     if low < 0 or high >= groups:
         raise ArgumentError(
@@ -261,16 +263,16 @@ def gptq_reference_dequant(
     Exact for fp16/bf16/fp32 scales: the reference the GPU results and the
     Marlin converters are compared with."""
     fn = "gptq_reference_dequant"
-    bits = _check_bits(fn, bits)
+    bits = check_bits(fn, bits)
     if not isinstance(sym, (bool, np.bool_)):
         raise ArgumentTypeError(f"{fn}: sym must be a bool, got {type(sym).__name__}")
     codes = _gptq_unpack(fn, qweight, bits)
     k, n = codes.shape
-    rows_per_group = _check_int_group_size(fn, group_size, k, "k")
+    rows_per_group = check_int_group_size(fn, group_size, k, "k")
     groups = k // rows_per_group
-    s = _check_scale_values(fn, "scales", scales)
-    _check_ndim(fn, "scales", s, 2)
-    _check_shape(fn, "scales", s, (groups, n), "[k/group_size, n], [1, n] if group_size=-1")
+    s = check_scale_values(fn, "scales", scales)
+    check_ndim(fn, "scales", s, 2)
+    check_shape(fn, "scales", s, (groups, n), "[k/group_size, n], [1, n] if group_size=-1")
     group_of_row = (
         np.arange(k) // rows_per_group
         if g_idx is None
@@ -278,7 +280,7 @@ def gptq_reference_dequant(
     )
     if qzeros is not None:
         qzeros = _check_qzeros(fn, qzeros, bits)
-        _check_shape(fn, "qzeros", qzeros, (groups, n * bits // 32), f"[k/group_size, n*{bits}/32]")
+        check_shape(fn, "qzeros", qzeros, (groups, n * bits // 32), f"[k/group_size, n*{bits}/32]")
         zeros = gptq_zero_points(qzeros, bits).astype(np.float64)
         if sym and (zeros != (1 << (bits - 1))).any():
             raise ArgumentError(
@@ -298,10 +300,10 @@ def repack_gptq_to_marlin(qweight: np.ndarray, k: int, n: int) -> np.ndarray:
     ``k``/``n`` are the logical weight shape, passed explicitly so a transposed
     or truncated tensor is rejected rather than repacked into garbage."""
     fn = "repack_gptq_to_marlin"
-    k = _check_size(fn, "k", k, TILE)
-    n = _check_size(fn, "n", n, CHUNK_COLUMNS)
+    k = check_size(fn, "k", k, TILE)
+    n = check_size(fn, "n", n, CHUNK_COLUMNS)
     qweight = _check_qweight(fn, qweight)
-    _check_shape(fn, "qweight", qweight, (k // _PER_WORD, n), "[k/8, n]")
+    check_shape(fn, "qweight", qweight, (k // _PER_WORD, n), "[k/8, n]")
     packed = np.empty((k // TILE, 2 * n), dtype=np.int32)
     step = _word_rows_per_step(n)
     for r0 in range(0, k // _PER_WORD, step):
@@ -317,14 +319,14 @@ def repack_gptq_to_marlin_bits(qweight: np.ndarray, k: int, n: int, bits: int) -
     :func:`repack_gptq_to_marlin`), the 8-bit layout int32 ``[k/16, 4n]``
     for ``bits=8`` (U8B128 codes, see :mod:`.marlin`)."""
     fn = "repack_gptq_to_marlin_bits"
-    bits = _check_bits(fn, bits)
-    k = _check_size(fn, "k", k, TILE)
-    n = _check_size(fn, "n", n, CHUNK_COLUMNS)
+    bits = check_bits(fn, bits)
+    k = check_size(fn, "k", k, TILE)
+    n = check_size(fn, "n", n, CHUNK_COLUMNS)
     qweight = _check_qweight(fn, qweight)
     per_word = 32 // bits
-    _check_shape(fn, "qweight", qweight, (k // per_word, n), f"[k*{bits}/32, n]")
+    check_shape(fn, "qweight", qweight, (k // per_word, n), f"[k*{bits}/32, n]")
     unpack = _UNPACK_WORD_ROWS[bits]
-    return _marlin_pack_rows(
+    return marlin_pack_rows(
         lambda r0, r1: unpack(qweight[r0 // per_word : r1 // per_word]), k, n, bits
     )
 
@@ -347,24 +349,24 @@ def repack_scales_to_marlin(scales: np.ndarray, k: int, n: int, group_size: int)
     -> fp16 in Marlin order, same shape. The shape is checked against the
     weight's ``k``/``n`` so scales of another layer cannot slip through."""
     fn = "repack_scales_to_marlin"
-    k = _check_size(fn, "k", k, TILE)
-    n = _check_size(fn, "n", n, CHUNK_COLUMNS)
-    group_size = _check_group_size(fn, group_size)
+    k = check_size(fn, "k", k, TILE)
+    n = check_size(fn, "n", n, CHUNK_COLUMNS)
+    group_size = check_group_size(fn, group_size)
     if group_size != -1 and k % group_size:
         raise ArgumentError(f"{fn}: k={k} must be a multiple of group_size={group_size}")
-    scales = _check_scales(fn, "scales", scales)
+    scales = check_scales(fn, "scales", scales)
     rows = 1 if group_size == -1 else k // group_size
-    _check_shape(fn, "scales", scales, (rows, n), "[k/group_size, n], [1, n] if group_size=-1")
+    check_shape(fn, "scales", scales, (rows, n), "[k/group_size, n], [1, n] if group_size=-1")
     return marlin_permute_scales(scales, group_size)
 
 
 def _check_permutation(fn: str, perm: object, k: int, why: str = "K = 8 * qweight.shape[0]") -> np.ndarray:
     """A gather by anything but a permutation would duplicate or drop input
     features, which no later check could detect."""
-    perm = _check_ndarray(fn, "perm", perm)
-    _check_integer_dtype(fn, "perm", perm)
-    _check_ndim(fn, "perm", perm, 1)
-    _check_shape(fn, "perm", perm, (k,), why)
+    perm = check_ndarray(fn, "perm", perm)
+    check_integer_dtype(fn, "perm", perm)
+    check_ndim(fn, "perm", perm, 1)
+    check_shape(fn, "perm", perm, (k,), why)
     low, high = int(perm.min()), int(perm.max())
     if low < 0 or high >= k:
         raise ArgumentError(f"{fn}: perm values must be in 0..{k - 1}, got range {low}..{high}")
@@ -383,7 +385,7 @@ def permute_gptq_qweight_rows(qweight: np.ndarray, perm: np.ndarray, bits: int =
     weight needs (the activations are gathered with the same ``perm``).
     ``bits`` (4 or 8) is the code width of ``qweight``."""
     fn = "permute_gptq_qweight_rows"
-    bits = _check_bits(fn, bits)
+    bits = check_bits(fn, bits)
     qweight = _check_qweight(fn, qweight)
     r, n = qweight.shape
     per_word = 32 // bits

@@ -87,7 +87,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ferrum_ffi.status import ArgumentError, ArgumentTypeError
+from ..status import ArgumentError
+from ._common import (
+    check_bits,
+    check_codes,
+    check_group_size,
+    check_integer_dtype,
+    check_ndarray,
+    check_ndim,
+    check_scales,
+    check_shape,
+    check_size,
+    little_endian_bytes,
+    pack_last_axis,
+    to_float16_finite,
+    unpack_last_axis,
+    words_from_bytes,
+)
 
 __all__ = [
     "marlin_pack_int4",
@@ -107,193 +123,9 @@ CHUNK_COLUMNS = 64
 _RUN_VALUES = TILE * CHUNK_COLUMNS
 _NIBBLE_INTERLEAVE = np.array([0, 2, 4, 6, 1, 3, 5, 7], dtype=np.intp)
 _BYTE_INTERLEAVE = np.array([0, 2, 1, 3], dtype=np.intp)
-SUPPORTED_BITS = (4, 8)
-"""Integer code widths the Marlin layouts are defined for."""
 # Work on ~2 Mi values per step: big enough to amortise NumPy call overhead,
 # small enough that the temporaries of a step stay in the last-level cache.
 _STEP_VALUES = 1 << 21
-
-
-# --------------------------------------------------------------------------
-# Input validation, shared by the sibling modules of this package.
-# --------------------------------------------------------------------------
-def _check_ndarray(fn: str, name: str, value: object) -> np.ndarray:
-    """Reject non-arrays up front: silent ``np.asarray`` of a list or tensor
-    would hide dtype mistakes that matter bit-for-bit here."""
-    if not isinstance(value, np.ndarray):
-        raise ArgumentTypeError(
-            f"{fn}: {name} must be a numpy.ndarray, got {type(value).__name__}"
-        )
-    return value
-
-
-def _check_ndim(fn: str, name: str, a: np.ndarray, ndim: int) -> None:
-    if a.ndim != ndim:
-        raise ArgumentError(f"{fn}: {name} must be {ndim}-D, got shape {a.shape}")
-
-
-def _check_integer_dtype(fn: str, name: str, a: np.ndarray, itemsize: int | None = None) -> None:
-    """Codes and packed words must be integers; packed words must be 32-bit
-    because the layout is defined in 32-bit words."""
-    if a.dtype.kind not in "iu" or (itemsize is not None and a.dtype.itemsize != itemsize):
-        want = "a 32-bit integer dtype (int32/uint32)" if itemsize == 4 else "an integer dtype"
-        raise ArgumentTypeError(f"{fn}: {name} must have {want}, got {a.dtype}")
-
-
-def _check_float_dtype(fn: str, name: str, a: np.ndarray) -> None:
-    if a.dtype.kind != "f":
-        raise ArgumentTypeError(f"{fn}: {name} must have a floating dtype, got {a.dtype}")
-
-
-def _check_size(fn: str, name: str, value: object, multiple: int = 1) -> int:
-    """A dimension argument: a positive int, a multiple of what the layout tiles by."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ArgumentTypeError(f"{fn}: {name} must be an int, got {type(value).__name__}")
-    value = int(value)
-    if value <= 0:
-        raise ArgumentError(f"{fn}: {name}={value} must be positive")
-    if value % multiple:
-        raise ArgumentError(f"{fn}: {name}={value} must be a multiple of {multiple}")
-    return value
-
-
-def _check_group_size(fn: str, group_size: object) -> int:
-    """-1 means one scale row for all of K (channelwise); otherwise positive."""
-    if isinstance(group_size, (bool, np.bool_)) or not isinstance(group_size, (int, np.integer)):
-        raise ArgumentTypeError(
-            f"{fn}: group_size must be an int, got {type(group_size).__name__}"
-        )
-    group_size = int(group_size)
-    if group_size != -1 and group_size <= 0:
-        raise ArgumentError(f"{fn}: group_size={group_size} must be -1 or positive")
-    return group_size
-
-
-def _check_shape(fn: str, name: str, a: np.ndarray, expected: tuple[int, ...], why: str) -> None:
-    if a.shape != expected:
-        raise ArgumentError(f"{fn}: {name} must have shape {expected} ({why}), got {a.shape}")
-
-
-def _check_codes(fn: str, name: str, codes: object, max_value: int = 15) -> np.ndarray:
-    """Codes are 2-D integers in 0..max_value (15 for 4 bits, 255 for 8);
-    anything else would be silently truncated to a different code by the
-    packer."""
-    codes = _check_ndarray(fn, name, codes)
-    _check_integer_dtype(fn, name, codes)
-    _check_ndim(fn, name, codes, 2)
-    if codes.size:
-        low = 0 if codes.dtype.kind == "u" else int(codes.min())
-        high = int(codes.max())
-        if low < 0 or high > max_value:
-            raise ArgumentError(
-                f"{fn}: {name} values must be in 0..{max_value}, got range {low}..{high}"
-            )
-    return codes
-
-
-def _check_bits(fn: str, bits: object) -> int:
-    """Code width: 4 or 8 (the widths the Marlin layouts are defined for)."""
-    if isinstance(bits, (bool, np.bool_)) or not isinstance(bits, (int, np.integer)):
-        raise ArgumentTypeError(f"{fn}: bits must be an int, got {type(bits).__name__}")
-    bits = int(bits)
-    if bits not in SUPPORTED_BITS:
-        raise ArgumentError(f"{fn}: bits={bits} must be 4 or 8")
-    return bits
-
-
-INT_GROUP_SIZES = (-1, 32, 64, 128)
-"""Group sizes the general Marlin GEMM serves for integer weights."""
-
-
-def _check_int_group_size(fn: str, group_size: object, k: int | None = None, k_name: str = "k") -> int:
-    """``group_size`` in -1/32/64/128 and, when ``k`` is known, dividing it.
-    Returns the rows per group (``k`` itself for -1 when ``k`` is given)."""
-    group_size = _check_group_size(fn, group_size)
-    if group_size not in INT_GROUP_SIZES:
-        raise ArgumentError(f"{fn}: group_size={group_size} must be one of -1, 32, 64, 128")
-    if k is None:
-        return group_size
-    if group_size == -1:
-        return k
-    if k % group_size:
-        raise ArgumentError(f"{fn}: {k_name}={k} must be a multiple of group_size={group_size}")
-    return group_size
-
-
-def _is_bfloat16(dtype: np.dtype) -> bool:
-    """ml_dtypes' bfloat16, recognised by name so ml_dtypes stays optional."""
-    return dtype.name == "bfloat16" and dtype.itemsize == 2
-
-
-def _bfloat16_bits_to_float32(bits16: np.ndarray) -> np.ndarray:
-    """uint16 bfloat16 bit patterns -> float32 (exact: bf16 is float32's top half)."""
-    return (bits16.astype(np.uint32) << 16).view(np.float32)
-
-
-def _check_scale_values(fn: str, name: str, scales: object) -> np.ndarray:
-    """Scales of an on-disk format: a float ndarray (fp16/fp32/fp64) or an
-    ml_dtypes bfloat16 ndarray. Returned as float32/float64 values (exact)."""
-    scales = _check_ndarray(fn, name, scales)
-    if _is_bfloat16(scales.dtype):
-        return _bfloat16_bits_to_float32(np.ascontiguousarray(scales).view(np.uint16))
-    if scales.dtype.kind != "f":
-        raise ArgumentTypeError(
-            f"{fn}: {name} must have a floating dtype (float16/32/64 or bfloat16), got {scales.dtype}"
-        )
-    return scales
-
-
-def _check_scales(fn: str, name: str, scales: object) -> np.ndarray:
-    scales = _check_ndarray(fn, name, scales)
-    _check_float_dtype(fn, name, scales)
-    _check_ndim(fn, name, scales, 2)
-    return scales
-
-
-def _to_float16_finite(fn: str, name: str, scales: np.ndarray) -> np.ndarray:
-    """The kernel reads fp16; a value that overflows (or is NaN) would poison
-    every output column it touches, so refuse it here, where it is traceable."""
-    with np.errstate(over="ignore"):  # overflow is reported below, by name
-        s16 = scales.astype(np.float16)
-    if not np.isfinite(s16).all():
-        raise ArgumentError(f"{fn}: {name} must be finite in float16 (|s| <= 65504)")
-    return s16
-
-
-def _little_endian_bytes(words: np.ndarray) -> np.ndarray:
-    """Bytes of 32-bit words in little-endian order, whatever the host: the
-    layout puts value i at bits 4i, so byte j always holds values 2j, 2j+1."""
-    le = np.ascontiguousarray(words, dtype=words.dtype.newbyteorder("<"))
-    return le.view(np.uint8)
-
-
-def _words_from_bytes(nibble_pairs: np.ndarray) -> np.ndarray:
-    """Inverse of _little_endian_bytes for a contiguous uint8 array whose last
-    axis is a multiple of 4; returns native int32."""
-    return nibble_pairs.view("<i4").astype(np.int32, copy=False)
-
-
-def _pack_last_axis(values: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 values [R, C] (C a multiple of 32/bits, each < 2**bits) -> int32
-    [R, C*bits/32]: value ``i`` of each run at bits ``i*bits`` of its word."""
-    rows, cols = values.shape
-    if bits == 4:
-        values = values[:, 0::2] | (values[:, 1::2] << 4)
-    return _words_from_bytes(np.ascontiguousarray(values, dtype=np.uint8)).reshape(
-        rows, cols * bits // 32
-    )
-
-
-def _unpack_last_axis(words: np.ndarray, bits: int) -> np.ndarray:
-    """Inverse of _pack_last_axis: 32-bit words [R, W] -> uint8 [R, W*32/bits]."""
-    rows, width = words.shape
-    b = _little_endian_bytes(words).reshape(rows, 4 * width)
-    if bits == 8:
-        return b.copy()
-    out = np.empty((rows, 8 * width), dtype=np.uint8)
-    np.bitwise_and(b, 0x0F, out=out[:, 0::2])
-    np.right_shift(b, 4, out=out[:, 1::2])
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -361,7 +193,7 @@ def _pack_tile_rows(codes: np.ndarray) -> np.ndarray:
     high = np.take(runs_flat, _RUN_ORDER_HIGH, axis=2)
     np.left_shift(high, 4, out=high)
     np.bitwise_or(low, high, out=low)
-    return _words_from_bytes(low).reshape(t, 2 * n)
+    return words_from_bytes(low).reshape(t, 2 * n)
 
 
 def _unpack_tile_rows(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -369,7 +201,7 @@ def _unpack_tile_rows(words: np.ndarray, out: np.ndarray | None = None) -> np.nd
     (C-contiguous rows) when given, to skip a copy into the caller's buffer."""
     t, n = words.shape[0], words.shape[1] // 2
     runs = n // CHUNK_COLUMNS
-    pairs = _little_endian_bytes(words).reshape(t, runs, _RUN_VALUES // 2)
+    pairs = little_endian_bytes(words).reshape(t, runs, _RUN_VALUES // 2)
     packed_order = np.empty((t, runs, _RUN_VALUES), dtype=np.uint8)
     np.bitwise_and(pairs, 0x0F, out=packed_order[:, :, 0::2])
     np.right_shift(pairs, 4, out=packed_order[:, :, 1::2])
@@ -385,14 +217,14 @@ def _pack_tile_rows_int8(codes: np.ndarray) -> np.ndarray:
     t, runs = rows // TILE, n // CHUNK_COLUMNS
     runs_flat = np.ascontiguousarray(_tile_runs(codes)).reshape(t, runs, _RUN_VALUES)
     ordered = np.take(runs_flat, _RUN_ORDER_INT8, axis=2)
-    return _words_from_bytes(ordered).reshape(t, 4 * n)
+    return words_from_bytes(ordered).reshape(t, 4 * n)
 
 
 def _unpack_tile_rows_int8(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """int32 words [t, 4N] -> uint8 codes [16*t, N] (into ``out`` if given)."""
     t, n = words.shape[0], words.shape[1] // 4
     runs = n // CHUNK_COLUMNS
-    packed_order = _little_endian_bytes(words).reshape(t, runs, _RUN_VALUES)
+    packed_order = little_endian_bytes(words).reshape(t, runs, _RUN_VALUES)
     runs_flat = np.take(packed_order, _RUN_ORDER_INT8_INVERSE, axis=2)
     codes = np.empty((t * TILE, n), dtype=np.uint8) if out is None else out
     _tile_runs(codes)[...] = runs_flat.reshape(t, runs, 4, TILE, TILE)
@@ -404,7 +236,7 @@ def _words_per_column(bits: int) -> int:
     return TILE * bits // 32
 
 
-def _marlin_pack_rows(rows_of, k: int, n: int, bits: int) -> np.ndarray:
+def marlin_pack_rows(rows_of, k: int, n: int, bits: int) -> np.ndarray:
     """The Marlin buffer int32 ``[k/16, (bits/2)*n]`` of codes ``[k, n]`` that
     ``rows_of(r0, r1)`` hands out a few tile-rows at a time (uint8-castable,
     already validated). Converters pass a function that decodes just those
@@ -432,13 +264,13 @@ def _marlin_unpack_rows(packed: np.ndarray, k: int, n: int, bits: int) -> np.nda
 def _check_marlin_packed(
     fn: str, packed: object, k: object, n: object, bits: int = 4
 ) -> tuple[np.ndarray, int, int]:
-    k = _check_size(fn, "k", k, TILE)
-    n = _check_size(fn, "n", n, CHUNK_COLUMNS)
-    packed = _check_ndarray(fn, "packed", packed)
-    _check_integer_dtype(fn, "packed", packed, itemsize=4)
-    _check_ndim(fn, "packed", packed, 2)
+    k = check_size(fn, "k", k, TILE)
+    n = check_size(fn, "n", n, CHUNK_COLUMNS)
+    packed = check_ndarray(fn, "packed", packed)
+    check_integer_dtype(fn, "packed", packed, itemsize=4)
+    check_ndim(fn, "packed", packed, 2)
     w = _words_per_column(bits)
-    _check_shape(fn, "packed", packed, (k // TILE, w * n), f"[k/16, {w}n]")
+    check_shape(fn, "packed", packed, (k // TILE, w * n), f"[k/16, {w}n]")
     return packed, k, n
 
 
@@ -450,11 +282,11 @@ def marlin_pack_int4(codes: np.ndarray) -> np.ndarray:
     int32 ``[K/16, 2N]``. K must be a multiple of 16 and N of 64 because the
     layout is made of 16x16 tiles taken four at a time along N."""
     fn = "marlin_pack_int4"
-    codes = _check_codes(fn, "codes", codes)
+    codes = check_codes(fn, "codes", codes)
     k, n = codes.shape
-    _check_size(fn, "codes.shape[0]", k, TILE)
-    _check_size(fn, "codes.shape[1]", n, CHUNK_COLUMNS)
-    return _marlin_pack_rows(lambda r0, r1: codes[r0:r1], k, n, 4)
+    check_size(fn, "codes.shape[0]", k, TILE)
+    check_size(fn, "codes.shape[1]", n, CHUNK_COLUMNS)
+    return marlin_pack_rows(lambda r0, r1: codes[r0:r1], k, n, 4)
 
 
 def marlin_unpack_int4(packed: np.ndarray, k: int, n: int) -> np.ndarray:
@@ -471,11 +303,11 @@ def marlin_pack_int8(codes: np.ndarray) -> np.ndarray:
     ``[K/16, 4N]`` (module doc: same tiles and lanes as 4 bits, bytes
     ``[0, 2, 1, 3]`` per word). K must be a multiple of 16 and N of 64."""
     fn = "marlin_pack_int8"
-    codes = _check_codes(fn, "codes", codes, max_value=255)
+    codes = check_codes(fn, "codes", codes, max_value=255)
     k, n = codes.shape
-    _check_size(fn, "codes.shape[0]", k, TILE)
-    _check_size(fn, "codes.shape[1]", n, CHUNK_COLUMNS)
-    return _marlin_pack_rows(lambda r0, r1: codes[r0:r1], k, n, 8)
+    check_size(fn, "codes.shape[0]", k, TILE)
+    check_size(fn, "codes.shape[1]", n, CHUNK_COLUMNS)
+    return marlin_pack_rows(lambda r0, r1: codes[r0:r1], k, n, 8)
 
 
 def marlin_unpack_int8(packed: np.ndarray, k: int, n: int) -> np.ndarray:
@@ -486,21 +318,21 @@ def marlin_unpack_int8(packed: np.ndarray, k: int, n: int) -> np.ndarray:
 
 
 def _scale_permutation(fn: str, scales: object, group_size: object, inverse: bool) -> np.ndarray:
-    scales = _check_scales(fn, "scales", scales)
-    group_size = _check_group_size(fn, group_size)
+    scales = check_scales(fn, "scales", scales)
+    group_size = check_group_size(fn, group_size)
     rows, n = scales.shape
     if group_size == -1:
-        _check_size(fn, "scales.shape[0]", rows)
+        check_size(fn, "scales.shape[0]", rows)
         if rows != 1:
             raise ArgumentError(
                 f"{fn}: scales.shape[0]={rows} must be 1 for channelwise (group_size=-1)"
             )
         perm = _SCALE_UNPERM_CHANNELWISE if inverse else _SCALE_PERM_CHANNELWISE
     else:
-        _check_size(fn, "scales.shape[0]", rows)
+        check_size(fn, "scales.shape[0]", rows)
         perm = _SCALE_UNPERM_GROUPED if inverse else _SCALE_PERM_GROUPED
-    _check_size(fn, "scales.shape[1]", n, CHUNK_COLUMNS)
-    s16 = _to_float16_finite(fn, "scales", scales)
+    check_size(fn, "scales.shape[1]", n, CHUNK_COLUMNS)
+    s16 = to_float16_finite(fn, "scales", scales)
     return s16.reshape(rows, n // perm.size, perm.size)[:, :, perm].reshape(rows, n)
 
 
@@ -524,31 +356,31 @@ def marlin_pack_zero_points(zero_points: np.ndarray, bits: int) -> np.ndarray:
     ``[0, 2, 1, 3]`` (8 bits), packed along N with value ``i`` at bits
     ``i*bits``. N must be a multiple of 64."""
     fn = "marlin_pack_zero_points"
-    bits = _check_bits(fn, bits)
-    zero_points = _check_codes(fn, "zero_points", zero_points, max_value=(1 << bits) - 1)
+    bits = check_bits(fn, bits)
+    zero_points = check_codes(fn, "zero_points", zero_points, max_value=(1 << bits) - 1)
     rows, n = zero_points.shape
-    _check_size(fn, "zero_points.shape[0]", rows)
-    _check_size(fn, "zero_points.shape[1]", n, CHUNK_COLUMNS)
+    check_size(fn, "zero_points.shape[0]", rows)
+    check_size(fn, "zero_points.shape[1]", n, CHUNK_COLUMNS)
     per_word = 32 // bits
     z = zero_points.astype(np.uint8, copy=False)
     z = z.reshape(rows, n // CHUNK_COLUMNS, CHUNK_COLUMNS)[:, :, _SCALE_PERM_GROUPED]
     z = z.reshape(rows, n // per_word, per_word)[:, :, _WORD_INTERLEAVE[bits]]
-    return _pack_last_axis(z.reshape(rows, n), bits)
+    return pack_last_axis(z.reshape(rows, n), bits)
 
 
 def marlin_unpack_zero_points(packed: np.ndarray, n: int, bits: int) -> np.ndarray:
     """Exact inverse of :func:`marlin_pack_zero_points`: int32
     ``[G, n*bits/32]`` -> uint8 ``[G, n]``."""
     fn = "marlin_unpack_zero_points"
-    bits = _check_bits(fn, bits)
-    n = _check_size(fn, "n", n, CHUNK_COLUMNS)
-    packed = _check_ndarray(fn, "packed", packed)
-    _check_integer_dtype(fn, "packed", packed, itemsize=4)
-    _check_ndim(fn, "packed", packed, 2)
-    rows = _check_size(fn, "packed.shape[0]", packed.shape[0])
-    _check_shape(fn, "packed", packed, (rows, n * bits // 32), f"[G, n*{bits}/32]")
+    bits = check_bits(fn, bits)
+    n = check_size(fn, "n", n, CHUNK_COLUMNS)
+    packed = check_ndarray(fn, "packed", packed)
+    check_integer_dtype(fn, "packed", packed, itemsize=4)
+    check_ndim(fn, "packed", packed, 2)
+    rows = check_size(fn, "packed.shape[0]", packed.shape[0])
+    check_shape(fn, "packed", packed, (rows, n * bits // 32), f"[G, n*{bits}/32]")
     per_word = 32 // bits
-    z = _unpack_last_axis(packed, bits)
+    z = unpack_last_axis(packed, bits)
     z = z.reshape(rows, n // per_word, per_word)[:, :, _WORD_DEINTERLEAVE[bits]]
     z = z.reshape(rows, n // CHUNK_COLUMNS, CHUNK_COLUMNS)[:, :, _SCALE_UNPERM_GROUPED]
     return np.ascontiguousarray(z.reshape(rows, n))

@@ -33,16 +33,18 @@ import numpy as np
 
 from ferrum_ffi.status import ArgumentError
 
+from ._common import (
+    check_codes,
+    check_float_dtype,
+    check_group_size,
+    check_ndarray,
+    check_ndim,
+    check_scales,
+    check_shape,
+    check_size,
+)
 from .marlin import (
     _STEP_VALUES,
-    _check_codes,
-    _check_float_dtype,
-    _check_group_size,
-    _check_ndarray,
-    _check_ndim,
-    _check_scales,
-    _check_shape,
-    _check_size,
 )
 
 __all__ = ["quantize_int4_symmetric", "dequantize_int4_symmetric"]
@@ -54,7 +56,7 @@ _ZERO_GROUP_SCALE = np.float16(1.0)
 
 def _effective_group_size(fn: str, group_size: object, k: int, k_name: str) -> int:
     """Rows per scale row: ``group_size``, or all of K for channelwise."""
-    group_size = _check_group_size(fn, group_size)
+    group_size = check_group_size(fn, group_size)
     if group_size == -1:
         return k
     if k % group_size:
@@ -100,11 +102,11 @@ def quantize_int4_symmetric(w: np.ndarray, group_size: int = 128) -> tuple[np.nd
 
     See the module docstring for the exact rule and the zero-group choice."""
     fn = "quantize_int4_symmetric"
-    w = _check_ndarray(fn, "w", w)
-    _check_float_dtype(fn, "w", w)
-    _check_ndim(fn, "w", w, 2)
-    k = _check_size(fn, "w.shape[0]", w.shape[0])
-    n = _check_size(fn, "w.shape[1]", w.shape[1])
+    w = check_ndarray(fn, "w", w)
+    check_float_dtype(fn, "w", w)
+    check_ndim(fn, "w", w, 2)
+    k = check_size(fn, "w.shape[0]", w.shape[0])
+    n = check_size(fn, "w.shape[1]", w.shape[1])
     group = _effective_group_size(fn, group_size, k, "w.shape[0]")
 
     codes = np.empty((k, n), dtype=np.uint8)
@@ -128,12 +130,12 @@ def dequantize_int4_symmetric(codes: np.ndarray, scales: np.ndarray, group_size:
     """float64 ``(codes - 8) * scales[group(k), n]``, ``[K, N]``: exact for any
     fp16 scale, hence the reference the GPU results are compared with."""
     fn = "dequantize_int4_symmetric"
-    codes = _check_codes(fn, "codes", codes)
-    k = _check_size(fn, "codes.shape[0]", codes.shape[0])
-    n = _check_size(fn, "codes.shape[1]", codes.shape[1])
+    codes = check_codes(fn, "codes", codes)
+    k = check_size(fn, "codes.shape[0]", codes.shape[0])
+    n = check_size(fn, "codes.shape[1]", codes.shape[1])
     group = _effective_group_size(fn, group_size, k, "codes.shape[0]")
-    scales = _check_scales(fn, "scales", scales)
-    _check_shape(fn, "scales", scales, (k // group, n), "[K/group_size, N], [1, N] if group_size=-1")
+    scales = check_scales(fn, "scales", scales)
+    check_shape(fn, "scales", scales, (k // group, n), "[K/group_size, N], [1, N] if group_size=-1")
     out = codes.astype(np.float64)
     out -= _ZERO_POINT
     out.reshape(k // group, group, n)[...] *= scales.astype(np.float64)[:, None, :]
