@@ -50,10 +50,10 @@ from .marlin import (
     CHUNK_COLUMNS,
     TILE,
     _STEP_VALUES,
-    _check_marlin_packed,
+    check_marlin_packed,
     marlin_pack_rows,
-    _pack_tile_rows,
-    _unpack_tile_rows,
+    pack_tile_rows,
+    unpack_tile_rows,
     marlin_permute_scales,
 )
 
@@ -309,7 +309,7 @@ def repack_gptq_to_marlin(qweight: np.ndarray, k: int, n: int) -> np.ndarray:
     for r0 in range(0, k // _PER_WORD, step):
         r1 = min(k // _PER_WORD, r0 + step)
         codes = _unpack_word_rows(qweight[r0:r1])
-        packed[r0 // 2 : r1 // 2] = _pack_tile_rows(codes)
+        packed[r0 // 2 : r1 // 2] = pack_tile_rows(codes)
     return packed
 
 
@@ -334,12 +334,12 @@ def repack_gptq_to_marlin_bits(qweight: np.ndarray, k: int, n: int, bits: int) -
 def repack_marlin_to_gptq(packed: np.ndarray, k: int, n: int) -> np.ndarray:
     """Inverse of :func:`repack_gptq_to_marlin`: Marlin int32 ``[k/16, 2n]``
     -> GPTQ int32 ``[k/8, n]`` (tests, and tools that export checkpoints)."""
-    packed, k, n = _check_marlin_packed("repack_marlin_to_gptq", packed, k, n)
+    packed, k, n = check_marlin_packed("repack_marlin_to_gptq", packed, k, n)
     qweight = np.empty((k // _PER_WORD, n), dtype=np.int32)
     step = _word_rows_per_step(n)
     for r0 in range(0, k // _PER_WORD, step):
         r1 = min(k // _PER_WORD, r0 + step)
-        codes = _unpack_tile_rows(packed[r0 // 2 : r1 // 2])
+        codes = unpack_tile_rows(packed[r0 // 2 : r1 // 2])
         qweight[r0:r1] = _pack_word_rows(codes)
     return qweight
 

@@ -182,7 +182,7 @@ def _tile_runs(codes: np.ndarray) -> np.ndarray:
     return codes.reshape(rows // TILE, TILE, n // CHUNK_COLUMNS, 4, TILE).transpose(0, 2, 3, 1, 4)
 
 
-def _pack_tile_rows(codes: np.ndarray) -> np.ndarray:
+def pack_tile_rows(codes: np.ndarray) -> np.ndarray:
     """uint8 codes [16*t, N] (values 0..15) -> int32 words [t, 2N]."""
     rows, n = codes.shape
     t, runs = rows // TILE, n // CHUNK_COLUMNS
@@ -196,7 +196,7 @@ def _pack_tile_rows(codes: np.ndarray) -> np.ndarray:
     return words_from_bytes(low).reshape(t, 2 * n)
 
 
-def _unpack_tile_rows(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def unpack_tile_rows(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """int32 words [t, 2N] -> uint8 codes [16*t, N], written into ``out``
     (C-contiguous rows) when given, to skip a copy into the caller's buffer."""
     t, n = words.shape[0], words.shape[1] // 2
@@ -241,7 +241,7 @@ def marlin_pack_rows(rows_of, k: int, n: int, bits: int) -> np.ndarray:
     ``rows_of(r0, r1)`` hands out a few tile-rows at a time (uint8-castable,
     already validated). Converters pass a function that decodes just those
     rows of their on-disk tensor, so no full uint8 copy of the codes is made."""
-    pack = _pack_tile_rows if bits == 4 else _pack_tile_rows_int8
+    pack = pack_tile_rows if bits == 4 else _pack_tile_rows_int8
     packed = np.empty((k // TILE, _words_per_column(bits) * n), dtype=np.int32)
     step = _tile_rows_per_step(n)
     for t0 in range(0, k // TILE, step):
@@ -252,7 +252,7 @@ def marlin_pack_rows(rows_of, k: int, n: int, bits: int) -> np.ndarray:
 
 
 def _marlin_unpack_rows(packed: np.ndarray, k: int, n: int, bits: int) -> np.ndarray:
-    unpack = _unpack_tile_rows if bits == 4 else _unpack_tile_rows_int8
+    unpack = unpack_tile_rows if bits == 4 else _unpack_tile_rows_int8
     codes = np.empty((k, n), dtype=np.uint8)
     step = _tile_rows_per_step(n)
     for t0 in range(0, k // TILE, step):
@@ -261,7 +261,7 @@ def _marlin_unpack_rows(packed: np.ndarray, k: int, n: int, bits: int) -> np.nda
     return codes
 
 
-def _check_marlin_packed(
+def check_marlin_packed(
     fn: str, packed: object, k: object, n: object, bits: int = 4
 ) -> tuple[np.ndarray, int, int]:
     k = check_size(fn, "k", k, TILE)
@@ -293,7 +293,7 @@ def marlin_unpack_int4(packed: np.ndarray, k: int, n: int) -> np.ndarray:
     """Exact inverse of :func:`marlin_pack_int4`: int32 ``[k/16, 2n]`` -> uint8
     codes ``[k, n]``. ``k`` and ``n`` are explicit so a buffer of the wrong
     shape is caught instead of being reinterpreted."""
-    packed, k, n = _check_marlin_packed("marlin_unpack_int4", packed, k, n)
+    packed, k, n = check_marlin_packed("marlin_unpack_int4", packed, k, n)
     return _marlin_unpack_rows(packed, k, n, 4)
 
 
@@ -313,7 +313,7 @@ def marlin_pack_int8(codes: np.ndarray) -> np.ndarray:
 def marlin_unpack_int8(packed: np.ndarray, k: int, n: int) -> np.ndarray:
     """Exact inverse of :func:`marlin_pack_int8`: int32 ``[k/16, 4n]`` ->
     uint8 codes ``[k, n]``."""
-    packed, k, n = _check_marlin_packed("marlin_unpack_int8", packed, k, n, bits=8)
+    packed, k, n = check_marlin_packed("marlin_unpack_int8", packed, k, n, bits=8)
     return _marlin_unpack_rows(packed, k, n, 8)
 
 
