@@ -26,6 +26,8 @@ from ferrum_ffi.formats import (
 )
 from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 
+from .marlin_reference import ref_lane_order
+
 SEED = 20240531
 SHAPES = [(16, 64), (32, 128), (48, 64), (64, 192)]
 INTERLEAVE = [0, 2, 4, 6, 1, 3, 5, 7]
@@ -45,31 +47,7 @@ def to_int32(word: int) -> int:
 # ---------------------------------------------------------------------------
 def ref_marlin_pack(q: np.ndarray) -> np.ndarray:
     k, n = q.shape
-    # 1. 16x16 tiles: tile-rows along K, tiles along N, row-major inside.
-    step1 = np.zeros((k // 16, n * 16), dtype=np.int64)
-    for kt in range(k // 16):
-        pos = 0
-        for nt in range(n // 16):
-            for r in range(16):
-                for c in range(16):
-                    step1[kt, pos] = q[16 * kt + r, 16 * nt + c]
-                    pos += 1
-    # 2. Per run of 1024 (four tiles): lane by lane, tile by tile, column c
-    #    then c + 8, rows r0..r3 for each.
-    step2 = np.zeros_like(step1)
-    for kt in range(k // 16):
-        for run in range(n * 16 // 1024):
-            base = run * 1024
-            pos = base
-            for lane in range(32):
-                c = lane // 4
-                r = 2 * (lane % 4)
-                rows = [r, r + 1, r + 8, r + 9]
-                for t in range(4):
-                    for col in (c, c + 8):
-                        for row in rows:
-                            step2[kt, pos] = step1[kt, base + t * 256 + row * 16 + col]
-                            pos += 1
+    step2 = ref_lane_order(q)  # steps 1-2
     # 3. Interleave each group of 8, value i at bits 4i.
     out = np.zeros((k // 16, 2 * n), dtype=np.int64)
     for kt in range(k // 16):
