@@ -97,6 +97,120 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
                            ferrum_stream_t stream, int thread_k, int thread_n, int sms,
                            int max_par, int prob_n_full);
 
+/* ---- General Marlin GEMM ---------------------------------------------------
+ * C[m, n] = A[m, k] . dequant(B)[k, n], one entry point for every activation and
+ * weight type, described by a versioned struct: `abi_version` and `struct_size`
+ * come first so fields can be appended later without breaking callers (the
+ * library accepts any struct_size >= the size of version 1 and reads only the
+ * fields it knows).
+ *
+ * Types (FerrumMarlinLaunch.a_type / b_type):
+ *   a_type  FERRUM_DTYPE_F16, FERRUM_DTYPE_BF16: activations, scales and C share it
+ *   b_type  FERRUM_WEIGHT_U4       INT4 codes with a zero point per group and column
+ *                                  (AWQ, compressed-tensors asymmetric): (q - z) * s
+ *           FERRUM_WEIGHT_U4B8     INT4 codes, symmetric, bias 8 (GPTQ): (q - 8) * s
+ *           FERRUM_WEIGHT_U8B128   8-bit codes, symmetric, bias 128: (q - 128) * s
+ *           FERRUM_WEIGHT_FE4M3FN  FP8 E4M3 bytes: e4m3(q) * s / 256 (the scales
+ *                                  carry FERRUM_FP8_SCALE_FACTOR = 256, see below)
+ *
+ * Buffers (device pointers):
+ *   a           [m, lda] row-major, a_type; 16-byte aligned, lda >= k, lda % 8 == 0
+ *   b           Marlin-packed int32 [k/16, 2n] (4-bit) or [k/16, 4n] (8-bit)
+ *   c           [m, n] row-major, a_type
+ *   b_scales    [num_groups, n] a_type in the Marlin scale order (grouped or
+ *               channelwise permutation); FE4M3FN scales are multiplied by 256
+ *   zero_points U4 only: int32 [num_groups, n/8], Marlin zero-point order
+ *   g_idx       act-order only: int32 [k], the group of each row of the permuted
+ *               weight (the sorted g_idx)
+ *   perm        act-order only: int32 [k], a_tmp[:, i] = a[:, perm[i]]
+ *   a_tmp       act-order only: [m, k] a_type scratch (contiguous)
+ *   c_tmp       FP32_REDUCE only: fp32 scratch of at least
+ *               FERRUM_MM_C_TMP_FLOATS_PER_SM * sms floats (sms resolved)
+ *   workspace   int32 locks, at least FERRUM_MM_WORKSPACE_INTS_PER_SM * sms
+ *               entries (sms resolved); zero on entry, left zero on exit
+ *   a_scales    reserved, must be NULL
+ *   bias        optional [n] a_type added to every row of C (NULL: none)
+ * Every 16-byte rule above also holds for b, c, b_scales, zero_points, a_tmp,
+ * c_tmp, bias; g_idx, perm and workspace need 4 bytes. The *_bytes fields give the
+ * capacity of workspace / c_tmp / a_tmp; the library checks the spans it needs.
+ *
+ * Problem: m >= 0 (0 is a no-op), n % 64 == 0, k % 128 == 0;
+ *   group_size -1 (channelwise, num_groups == 1) or 32, 64, 128 dividing k with
+ *   num_groups == k / group_size; FE4M3FN takes -1 or 128 only.
+ * Flags:
+ *   ACT_ORDER        gather A by perm into a_tmp first (needs g_idx, perm, a_tmp,
+ *                    an integer weight type and group_size > 0); forbidden otherwise
+ *   K_FULL           the layer is not sharded along K; must be set (a K-sharded
+ *                    act-order layer, K_FULL clear, is rejected as unsupported)
+ *   HAS_ZERO_POINTS  set exactly when b_type is U4 (zero_points then non-NULL)
+ *   ATOMIC_ADD       partial sums of a column shared by several blocks are added
+ *                    into C with atomics (the default when neither mode is set)
+ *   FP32_REDUCE      partial sums go through c_tmp in fp32 and are added in a
+ *                    fixed order: deterministic results; excludes ATOMIC_ADD
+ * Execution: device >= 0; sms -1 (all) or >= 1 (clamped to the device);
+ *   thread_k/thread_n -1/-1 (automatic) or a tile override: (128,128), (64,256),
+ *   (128,64), or (128,256) when m <= 16.
+ * Never synchronises `stream`; allocates nothing; graph-capturable.
+ */
+#define FERRUM_DTYPE_F16 1
+#define FERRUM_DTYPE_BF16 2
+
+#define FERRUM_WEIGHT_U4 1
+#define FERRUM_WEIGHT_U4B8 2
+#define FERRUM_WEIGHT_U8B128 3
+#define FERRUM_WEIGHT_FE4M3FN 4
+
+#define FERRUM_MM_FLAG_ACT_ORDER 0x1u
+#define FERRUM_MM_FLAG_K_FULL 0x2u
+#define FERRUM_MM_FLAG_HAS_ZERO_POINTS 0x4u
+#define FERRUM_MM_FLAG_ATOMIC_ADD 0x8u
+#define FERRUM_MM_FLAG_FP32_REDUCE 0x10u
+
+#define FERRUM_MM_LAUNCH_VERSION 1
+#define FERRUM_FP8_SCALE_FACTOR 256
+#define FERRUM_MM_WORKSPACE_INTS_PER_SM 4
+#define FERRUM_MM_C_TMP_FLOATS_PER_SM 65536
+
+typedef struct FerrumMarlinLaunch {
+  unsigned int abi_version; /* FERRUM_MM_LAUNCH_VERSION */
+  unsigned int struct_size; /* sizeof(FerrumMarlinLaunch) of the caller */
+  /* buffers */
+  const void* a;
+  const void* b;
+  void* c;
+  void* c_tmp;
+  const void* b_scales;
+  const void* zero_points;
+  const int* g_idx;
+  const int* perm;
+  void* a_tmp;
+  void* workspace;
+  const void* a_scales;
+  const void* bias;
+  size_t workspace_bytes;
+  size_t c_tmp_bytes;
+  size_t a_tmp_bytes;
+  /* problem */
+  int m;
+  int n;
+  int k;
+  int lda;
+  int num_groups;
+  int group_size;
+  /* types */
+  int a_type;
+  int b_type;
+  /* execution */
+  int device;
+  int sms;
+  ferrum_stream_t stream;
+  unsigned int flags;
+  int thread_k;
+  int thread_n;
+} FerrumMarlinLaunch;
+
+FERRUM_API int ferrum_marlin_mm(const FerrumMarlinLaunch* launch);
+
 #ifdef __cplusplus
 }
 #endif
