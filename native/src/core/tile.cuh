@@ -16,7 +16,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDevices = 64;  // per-device caches of launch attributes
 
-template <int M8, int NChunks, int KRows, int Stages, int MinBlocks, bool Wgmma = false>
+template <int M8, int NChunks, int KRows, int Stages, int MinBlocks, int Bits, bool Wgmma = false>
 struct TileShape {
   static constexpr int m8 = M8;                 // 8-row activation tiles per slab
   static constexpr int m_rows = 8 * M8;         // activation rows per slab
@@ -26,6 +26,9 @@ struct TileShape {
   static constexpr int k_tile = 16 * KRows;
   static constexpr int stages = Stages;
   static constexpr int min_blocks = MinBlocks;  // blocks per SM the registers must allow
+  // 16-byte weight loads per lane per chunk and k step: 4-bit codes fill one,
+  // 8-bit codes two.
+  static constexpr int b_words = Bits / 4;
   // Hopper warpgroup MMA: the four warps of a warpgroup own the four chunks.
   static constexpr bool wgmma = Wgmma;
   static_assert(!Wgmma || (NChunks == 4 && M8 == 8 && KRows * 16 == 64),
@@ -38,16 +41,18 @@ struct TileShape {
   static_assert(M8 == 1 || M8 % 2 == 0, "activation tiles are loaded in pairs");
 
   // Shared memory, in 16-byte units per stage.
-  static constexpr int b_stage = KRows * NChunks * 32;  // packed weight
+  static constexpr int b_stage = KRows * NChunks * 32 * b_words;  // packed weight
   static constexpr int a_stage = m_rows * KRows * 2;    // activations, 128B-swizzled
   // Group sizes down to 32 put up to k_tile/32 scale rows into one stage.
   static constexpr int s_rows = (KRows / 2) > 0 ? (KRows / 2) : 1;
   static constexpr int s_stage = s_rows * NChunks * 8;
+  // 4-bit zero points: 64 columns = 32 bytes per chunk and group row.
+  static constexpr int z_stage = s_rows * NChunks * 2;
   // fp32 reduction tile; the +4 float pad keeps fragment stores conflict-free.
   static constexpr int red_stride = n_tile + 4;
   static constexpr size_t smem_bytes =
-      16 * static_cast<size_t>(Stages) * (b_stage + a_stage + s_stage) +
-      4 * static_cast<size_t>(m_rows) * red_stride;
+      16 * static_cast<size_t>(Stages) * (b_stage + a_stage + s_stage + z_stage) +
+      4 * static_cast<size_t>(m_rows) * red_stride + 16;  // + one flag word
 };
 
 }  // namespace ferrum

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "dequant.cuh"
+#include "ptx.cuh"
 
 namespace ferrum::wgmma {
 
@@ -57,27 +57,36 @@ __device__ __forceinline__ void fence_async_shared() {
 #endif
 }
 
-// D[64 x 64] += A[64 x 16] (registers, fp16) * B[16 x 64] (shared, fp16); fp32 D.
+// D[64 x 64] += A[64 x 16] (registers) * B[16 x 64] (shared); fp16 or bf16
+// inputs, fp32 D.
 // Warp w of the warpgroup holds rows 16w..16w+15 of A and of D; d[4j + e] is
 // (row g + 8(e/2), column 8j + 2q + e%2) as in mma.m16n8k16.
+#define FERRUM_WGMMA_M64N64K16(TYPE)                                                        \
+  "{\n"                                                                                     \
+  ".reg .pred p;\n"                                                                         \
+  "setp.ne.b32 p, %37, 0;\n"                                                                \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                 \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "       \
+  "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"                                                \
+  "}\n"
+template <bool Bf16>
 __device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
 #ifdef FERRUM_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#define FERRUM_WGMMA_OPERANDS                                                                \
+  : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),   \
+    "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),   \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),   \
+    "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),   \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),   \
+    "+f"(d[7][2]), "+f"(d[7][3])                                                               \
+  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1)
+  if constexpr (Bf16) {
+    asm volatile(FERRUM_WGMMA_M64N64K16("bf16") FERRUM_WGMMA_OPERANDS);
+  } else {
+    asm volatile(FERRUM_WGMMA_M64N64K16("f16") FERRUM_WGMMA_OPERANDS);
+  }
+#undef FERRUM_WGMMA_OPERANDS
 #else
   (void)d;
   (void)a;
@@ -85,5 +94,7 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const uint32_t (
   __trap();
 #endif
 }
+
+#undef FERRUM_WGMMA_M64N64K16
 
 }  // namespace ferrum::wgmma

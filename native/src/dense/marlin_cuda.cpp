@@ -1,102 +1,19 @@
-// marlin_cuda: the W4A16 entry point. Validates every argument, picks a tile,
-// and launches once per group of up to max_par activation slabs.
+// marlin_cuda: the W4A16 entry point (FP16 x U4B8 of the dense kernel) with
+// the original engine's signature. Validates every argument, picks a tile,
+// and launches once per group of up to max_par activation slabs (its locks
+// are per column, max(1, n/128) * max_par of them).
 #include <stdint.h>
 
 #include <algorithm>
 
 #include "../status.h"
-#include "w4a16.h"
-#include "w4a16_tiles.h"
+#include "launch_plan.h"
 
-namespace ferrum::w4a16 {
+namespace ferrum::dense {
 
 namespace {
 
 constexpr const char* kEntry = "marlin_cuda";
-#ifdef FERRUM_HAVE_SM90A
-constexpr bool kHaveSm90a = true;
-#else
-constexpr bool kHaveSm90a = false;
-#endif
-
-int slab_m8(int m) {
-  if (m <= 8) return 1;
-  if (m <= 16) return 2;
-  if (m <= 32) return 4;
-  return 8;
-}
-
-TileInfo info_of(int m8, NConfig nc) {
-  auto make = [](auto tag) {
-    using T = decltype(tag);
-    return TileInfo{T::m_rows, T::n_tile, T::k_tile, T::smem_bytes};
-  };
-  switch (nc) {
-    case NConfig::N128_K128:
-      switch (m8) {
-        case 1: return make(Tile<1, NConfig::N128_K128>{});
-        case 2: return make(Tile<2, NConfig::N128_K128>{});
-        case 4: return make(Tile<4, NConfig::N128_K128>{});
-        default: return make(Tile<8, NConfig::N128_K128>{});
-      }
-    case NConfig::N256_K64:
-      switch (m8) {
-        case 1: return make(Tile<1, NConfig::N256_K64>{});
-        case 2: return make(Tile<2, NConfig::N256_K64>{});
-        case 4: return make(Tile<4, NConfig::N256_K64>{});
-        default: return make(Tile<8, NConfig::N256_K64>{});
-      }
-    case NConfig::N256_K128:
-      switch (m8) {
-        case 1: return make(Tile<1, NConfig::N256_K128>{});
-        default: return make(Tile<2, NConfig::N256_K128>{});
-      }
-    case NConfig::N256_K64_WGMMA:
-      return make(Tile<8, NConfig::N256_K64_WGMMA>{});
-    case NConfig::N64_K128:
-    default:
-      switch (m8) {
-        case 1: return make(Tile<1, NConfig::N64_K128>{});
-        case 2: return make(Tile<2, NConfig::N64_K128>{});
-        case 4: return make(Tile<4, NConfig::N64_K128>{});
-        default: return make(Tile<8, NConfig::N64_K128>{});
-      }
-  }
-}
-
-// The automatic choice: 64-row slabs on Hopper take warpgroup MMA; small slabs
-// on long problems (at least 8 units per resident block, two blocks per SM)
-// take 16 KB weight stages; otherwise 128x128 tiles keep many
-// columns and short k runs. 64-row slabs prefer 256 columns per tile, which
-// halves the activation traffic per weight byte.
-NConfig auto_config(int m8, int n, int k, int sms, bool hopper) {
-  if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
-  if (m8 <= kDeepTileMaxM8 && n % 256 == 0 &&
-      static_cast<int64_t>(n / 256) * (k / 128) >= static_cast<int64_t>(16) * sms)
-    return NConfig::N256_K128;
-  if (m8 == 8 && n % 256 == 0) return NConfig::N256_K64;
-  if (n % 128 == 0) return NConfig::N128_K128;
-  return NConfig::N64_K128;
-}
-
-// (thread_k, thread_n) as the original kernel names them.
-bool forced_config(int thread_k, int thread_n, NConfig* nc) {
-  if (thread_k == 128 && thread_n == 128) *nc = NConfig::N128_K128;
-  else if (thread_k == 128 && thread_n == 256) *nc = NConfig::N256_K128;
-  else if (thread_k == 64 && thread_n == 256) *nc = NConfig::N256_K64;
-  else if (thread_k == 128 && thread_n == 64) *nc = NConfig::N64_K128;
-  else return false;
-  return true;
-}
-
-cudaError_t launch_any(int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
-  switch (m8) {
-    case 1: return launch_m8<1>(nc, args, launch, stage);
-    case 2: return launch_m8<2>(nc, args, launch, stage);
-    case 4: return launch_m8<4>(nc, args, launch, stage);
-    default: return launch_m8<8>(nc, args, launch, stage);
-  }
-}
 
 int invalid(const char* fmt, int a, int b = 0) {
   return fail(FERRUM_STAGE_ARGUMENT, FERRUM_STATUS_INVALID_VALUE, fmt, kEntry, a, b);
@@ -106,21 +23,11 @@ int bad_shape(const char* fmt, int a, int b = 0) {
   return fail(FERRUM_STAGE_SHAPE, FERRUM_STATUS_INVALID_VALUE, fmt, kEntry, a, b);
 }
 
-int check_tile_fits(const TileInfo& tile, int prob_n, int prob_k) {
-  if (prob_n % tile.n_tile != 0)
-    return bad_shape("%s: prob_n=%d is not a multiple of the tile width %d", prob_n, tile.n_tile);
-  if (prob_k % tile.k_tile != 0)
-    return bad_shape("%s: prob_k=%d is not a multiple of the tile depth %d", prob_k, tile.k_tile);
-  return 0;
-}
-
 }  // namespace
 
-TileInfo tile_info(int m8, NConfig nc) { return info_of(m8, nc); }
-
-int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int prob_n, int prob_k,
-         void* workspace, int groupsize, int dev, cudaStream_t stream, int thread_k, int thread_n,
-         int sms, int max_par, int prob_n_full) {
+int w4a16(const void* A, const void* B, void* C, const void* s, int prob_m, int prob_n, int prob_k,
+          void* workspace, int groupsize, int dev, cudaStream_t stream, int thread_k, int thread_n,
+          int sms, int max_par, int prob_n_full) {
   clear_error();
   // ---- arguments, before anything touches the device
   if (prob_m < 0) return invalid("%s: prob_m=%d must be >= 0", prob_m);
@@ -149,54 +56,41 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
   if (int st = check_pointer(kEntry, "s", s, 16)) return st;
   if (int st = check_pointer(kEntry, "workspace", workspace, 4)) return st;
 
+  constexpr int kBits = 4;
   const int m8 = slab_m8(prob_m);
   if (forced) {
     if (nc == NConfig::N256_K128 && m8 > kDeepTileMaxM8)
       return bad_shape("%s: tile (thread_k=128, thread_n=256) serves prob_m <= 16, got prob_m=%d", prob_m);
-    if (int st = check_tile_fits(tile_info(m8, nc), prob_n, prob_k)) return st;
+    if (int st = check_tile_fits(kEntry, tile_info(m8, nc, kBits), prob_n, prob_k)) return st;
   }
   // One lock per column tile: the narrowest tile this call can use must fit in
   // the documented workspace of max(1, n/128) * max_par locks.
   const int64_t lock_slots = static_cast<int64_t>(std::max(1, prob_n / 128)) * max_par;
-  const int narrowest = forced ? tile_info(m8, nc).n_tile : (prob_n % 128 == 0 ? 128 : 64);
+  const int narrowest = forced ? tile_info(m8, nc, kBits).n_tile : (prob_n % 128 == 0 ? 128 : 64);
   if (lock_slots < prob_n / narrowest)
     return bad_shape("%s: a workspace of max(1, n/128)*max_par locks cannot cover %d column tiles "
                      "(max_par=%d); raise max_par",
                      prob_n / narrowest, max_par);
-  int dev_sms = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_SM_COUNT, err, "marlin_cuda: multiprocessor count");
-  const int use_sms = (sms == -1 || sms > dev_sms) ? dev_sms : sms;
-  int cc_major = 0;
-  err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_DEVICE, err, "marlin_cuda: compute capability");
-  if (cc_major < 8)
-    return fail(FERRUM_STAGE_DEVICE, cudaErrorNoKernelImageForDevice,
-                "marlin_cuda: device %d has compute capability %d.x; sm_80 or newer is required", dev,
-                cc_major);
-  // Warpgroup MMA needs sm_90a machine code, which only Hopper (9.0) runs.
-  const bool hopper = kHaveSm90a && cc_major == 9;
-  if (!forced) nc = auto_config(m8, prob_n, prob_k, use_sms, hopper);
-  else if (nc == NConfig::N256_K64 && m8 == 8 && hopper) nc = NConfig::N256_K64_WGMMA;
-  const TileInfo tile = tile_info(m8, nc);
-  if (int st = check_tile_fits(tile, prob_n, prob_k)) return st;
+  DeviceFacts facts{};
+  if (int st = query_device(kEntry, dev, sms, &facts)) return st;
+  if (!forced) nc = auto_config(m8, prob_n, prob_k, facts.sms, kBits, facts.hopper);
+  else if (nc == NConfig::N256_K64 && m8 == 8 && facts.hopper) nc = NConfig::N256_K64_WGMMA;
+  const TileInfo tile = tile_info(m8, nc, kBits);
+  if (int st = check_tile_fits(kEntry, tile, prob_n, prob_k)) return st;
   const int n_tiles = prob_n / tile.n_tile;
   const int k_tiles = prob_k / tile.k_tile;
   // Slabs in flight per launch: each needs its own locks.
   const int64_t par_limit = std::min<int64_t>(max_par, lock_slots / n_tiles);
   if (static_cast<int64_t>(par_limit) * n_tiles * k_tiles > INT32_MAX)
     return bad_shape("%s: problem too large: %d column tiles x %d k tiles", n_tiles, k_tiles);
+  if (static_cast<size_t>(facts.max_smem) < tile.smem_bytes)
+    return fail(FERRUM_STAGE_MAX_SHARED_MEMORY, cudaErrorInvalidConfiguration,
+                "%s: tile needs %zu bytes of shared memory, device %d offers %d", kEntry,
+                tile.smem_bytes, dev, facts.max_smem);
 
   // ---- device
   DeviceGuard guard;
   if (int st = guard.enter(kEntry, dev)) return st;
-  int max_smem = 0;
-  err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_MAX_SHARED_MEMORY, err, "marlin_cuda: shared memory");
-  if (static_cast<size_t>(max_smem) < tile.smem_bytes)
-    return fail(FERRUM_STAGE_MAX_SHARED_MEMORY, cudaErrorInvalidConfiguration,
-                "marlin_cuda: tile needs %zu bytes of shared memory, device %d offers %d",
-                tile.smem_bytes, dev, max_smem);
 
   // ---- launches: each covers up to par_limit slabs of tile.m_rows rows
   const int rows_per_launch = static_cast<int>(std::min<int64_t>(
@@ -214,24 +108,26 @@ int gemm(const void* A, const void* B, void* C, const void* s, int prob_m, int p
     args.m = m;
     args.n = prob_n;
     args.k = prob_k;
+    args.a_row_int4 = prob_k / 8;
     args.b_row_int4 = n_full / 2;
     args.s_row_halves = n_full;
     args.group_shift = groupsize == -1 ? -1 : 7;  // groupsize 128
     args.slabs = (m + tile.m_rows - 1) / tile.m_rows;
     int stage = FERRUM_STAGE_KERNEL_LAUNCH;
-    err = launch_any(m8, nc, args, Launch{use_sms, dev, stream}, &stage);
+    const cudaError_t err =
+        launch_gemm(AType::F16, WType::U4B8, m8, nc, args, Launch{facts.sms, dev, stream}, &stage);
     if (err != cudaSuccess) return fail_cuda(stage, err, "marlin_cuda: launch");
   }
   return 0;
 }
 
-}  // namespace ferrum::w4a16
+}  // namespace ferrum::dense
 
 extern "C" int marlin_cuda(const void* A, const void* B, void* C, const void* s, int prob_m,
                            int prob_n, int prob_k, void* workspace, int groupsize, int dev,
                            ferrum_stream_t stream, int thread_k, int thread_n, int sms, int max_par,
                            int prob_n_full) {
-  return ferrum::w4a16::gemm(A, B, C, s, prob_m, prob_n, prob_k, workspace, groupsize, dev,
-                             reinterpret_cast<cudaStream_t>(stream), thread_k, thread_n, sms,
-                             max_par, prob_n_full);
+  return ferrum::dense::w4a16(A, B, C, s, prob_m, prob_n, prob_k, workspace, groupsize, dev,
+                              reinterpret_cast<cudaStream_t>(stream), thread_k, thread_n, sms,
+                              max_par, prob_n_full);
 }

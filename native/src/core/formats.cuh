@@ -1,0 +1,180 @@
+// Weight formats: Marlin-packed codes straight into tensor-core fragments.
+//
+// The kernels compute C^T = W^T . A^T: the weight is the MMA's *A* operand
+// (16 output columns x 16 input features per fragment) and the activations are
+// its *B* operand. Per 16x16 tile a lane holds, in the Marlin lane order (see
+// ferrum_ffi/formats/marlin.py), W at columns c = lane/4 and c + 8 and at
+// rows (K) r, r+1, r+8, r+9 with r = 2*(lane%4):
+//   4-bit: one word, nibbles 0|4 = (c; r, r+1), 1|5 = (c; r+8, r+9),
+//          2|6 = (c+8; r, r+1), 3|7 = (c+8; r+8, r+9);
+//   8-bit: two words (column c, then c + 8), even bytes = rows r, r+1 and odd
+//          bytes = rows r+8, r+9.
+// Fragment registers {r0, r1, r2, r3} of mma.m16n8k16 are (c; k, k+1),
+// (c+8; k, k+1), (c; k+8, k+9), (c+8; k+8, k+9).
+//
+// Two ways to turn codes into products, chosen per slab height by the kernel:
+// * dequant(): exact values (q - zero), then scaled in fp16/bf16 and one MMA:
+//   the tensor cores are the bottleneck for tall slabs, so no extra MMAs.
+// * images(): the raw fp16/bf16 image of each code, made by bit operations
+//   only (no floating-point work), multiplied as is; the affine part is
+//   removed by one more MMA with a correction fragment (constant, or built from
+//   the zero points once per group), and scales are applied to the fp32
+//   partial sums. For short slabs the fp16 pipe, not the tensor cores, limits
+//   the kernel, and this moves nearly all of its work to the idle MMA units.
+#pragma once
+
+#include "numeric.cuh"
+
+namespace ferrum {
+
+struct Frag16x16 {
+  uint32_t r[4];
+};
+
+constexpr uint32_t kLop3Or = 0xEAu;  // lop3 table for (a & b) | c
+
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t word, uint32_t exponent) {
+  return ptx::lop3<kLop3Or>(word, 0x000f000fu, exponent);
+}
+
+// Four equal registers, or {x, y, x, y} as a 16x16 fragment.
+__device__ __forceinline__ Frag16x16 splat(uint32_t x) { return Frag16x16{{x, x, x, x}}; }
+
+template <AType A, WType W>
+struct Format {
+  using N = Num<A>;
+  static constexpr bool bf16 = A == AType::BF16;
+  static constexpr int bits = weight_bits(W);
+  static constexpr int words = bits / 4;  // 32-bit words per lane per tile
+  static constexpr bool zero_points = W == WType::U4;
+  // Image path only: the activations' k+8 half is divided by 16 (fp16 4-bit,
+  // whose high images are 1024 + 16q), or a second image multiplies 16 x the
+  // activations (bf16 8-bit, whose codes split into two nibble images).
+  static constexpr bool act_hi_div16 = bits == 4 && !bf16;
+  static constexpr bool act_x16_image = bits == 8 && bf16 && W == WType::U8B128;
+  static constexpr bool const_correction = W == WType::U4B8 || W == WType::U8B128;
+  // Exponent bits OR-ed onto a nibble: fp16 1024 + q, bf16 128 + q (exact).
+  static constexpr uint32_t kExp = bf16 ? 0x43004300u : 0x64006400u;
+
+  // {E + z(c), E + z(c+8)} of tile t from the lane's zero-point word (nibbles
+  // z0 z2 z4 z6 z1 z3 z5 z7, z_j for column c + 8j).
+  __device__ static uint32_t zero_pair(uint32_t zword, int t) { return nibble_pair(zword >> (4 * t), kExp); }
+
+  __device__ static void images(const uint32_t* w, Frag16x16& f, Frag16x16& f_x16) {
+    if constexpr (bits == 4) {
+      if constexpr (!bf16) {
+        // High nibbles stay in place: 1024 + 16q, exact in fp16.
+        f.r[0] = ptx::lop3<kLop3Or>(w[0], 0x000f000fu, kExp);
+        f.r[2] = ptx::lop3<kLop3Or>(w[0], 0x00f000f0u, kExp);
+        f.r[1] = ptx::lop3<kLop3Or>(w[0] >> 8, 0x000f000fu, kExp);
+        f.r[3] = ptx::lop3<kLop3Or>(w[0] >> 8, 0x00f000f0u, kExp);
+      } else {
+        // bf16 has 7 mantissa bits: 16q would reach the exponent, so shift.
+        f.r[0] = nibble_pair(w[0], kExp);
+        f.r[2] = nibble_pair(w[0] >> 4, kExp);
+        f.r[1] = nibble_pair(w[0] >> 8, kExp);
+        f.r[3] = nibble_pair(w[0] >> 12, kExp);
+      }
+    } else if constexpr (W == WType::U8B128 && !bf16) {
+      // Byte q under exponent 0x64: 1024 + q.
+      f.r[0] = __byte_perm(w[0], 0x64646464u, 0x4240);
+      f.r[2] = __byte_perm(w[0], 0x64646464u, 0x4341);
+      f.r[1] = __byte_perm(w[1], 0x64646464u, 0x4240);
+      f.r[3] = __byte_perm(w[1], 0x64646464u, 0x4341);
+    } else if constexpr (W == WType::U8B128) {
+      // q = lo + 16 hi: images 128 + lo (times a) and 128 + hi (times 16a).
+      f.r[0] = nibble_pair(w[0], kExp);
+      f_x16.r[0] = nibble_pair(w[0] >> 4, kExp);
+      f.r[2] = nibble_pair(w[0] >> 8, kExp);
+      f_x16.r[2] = nibble_pair(w[0] >> 12, kExp);
+      f.r[1] = nibble_pair(w[1], kExp);
+      f_x16.r[1] = nibble_pair(w[1] >> 4, kExp);
+      f.r[3] = nibble_pair(w[1] >> 8, kExp);
+      f_x16.r[3] = nibble_pair(w[1] >> 12, kExp);
+    } else {
+      f.r[0] = fp8_odd(w[0] << 8);
+      f.r[2] = fp8_odd(w[0]);
+      f.r[1] = fp8_odd(w[1] << 8);
+      f.r[3] = fp8_odd(w[1]);
+    }
+  }
+
+  // The fragment whose product with the activations removes the images'
+  // offsets (E + zero, and for fp16 4-bit high halves E + 16 zero).
+  __device__ static Frag16x16 correction(uint32_t zero) {
+    if constexpr (W == WType::U4B8) {
+      if constexpr (bf16) return splat(0xc308c308u);                          // -136
+      return Frag16x16{{0xe408e408u, 0xe408e408u, 0xe480e480u, 0xe480e480u}};  // -1032, -1152
+    } else if constexpr (W == WType::U8B128) {
+      if constexpr (bf16) return splat(0xc510c510u);  // -(128 + 16*128 + 128) = -2304
+      return splat(0xe480e480u);                      // -1152
+    } else if constexpr (W == WType::U4) {
+      const uint32_t lo = pair_neg(pair_low(zero)), hi = pair_neg(pair_high(zero));
+      if constexpr (bf16) return Frag16x16{{lo, hi, lo, hi}};
+      // -(1024 + 16 z) = -16 (1024 + z) + 15360, exact.
+      const uint32_t q = N::fma(zero, 0xcc00cc00u, 0x73807380u);
+      return Frag16x16{{lo, hi, pair_low(q), pair_high(q)}};
+    } else {
+      return splat(0u);  // FP8 images need no correction
+    }
+  }
+
+  // Exact unscaled weight values (q - zero; FP8: value / 256).
+  __device__ static Frag16x16 dequant(const uint32_t* w, uint32_t zero) {
+    Frag16x16 f, f_x16;
+    images(w, f, f_x16);
+    if constexpr (W == WType::U4B8 && !bf16) {
+      // 1024 + q - 1032 = q - 8;  (1024 + 16 q) / 16 - 72 = q - 8.
+      f.r[0] = N::sub(f.r[0], 0x64086408u);
+      f.r[1] = N::sub(f.r[1], 0x64086408u);
+      f.r[2] = N::fma(f.r[2], 0x2c002c00u, 0xd480d480u);
+      f.r[3] = N::fma(f.r[3], 0x2c002c00u, 0xd480d480u);
+    } else if constexpr (W == WType::U4 && !bf16) {
+      const uint32_t lo = pair_low(zero), hi = pair_high(zero);
+      const uint32_t rest = N::sub(0x63806380u, zero);  // 960 - (1024 + z) = -(64 + z)
+      f.r[0] = N::sub(f.r[0], lo);
+      f.r[1] = N::sub(f.r[1], hi);
+      f.r[2] = N::fma(f.r[2], 0x2c002c00u, pair_low(rest));
+      f.r[3] = N::fma(f.r[3], 0x2c002c00u, pair_high(rest));
+    } else if constexpr (W == WType::U4B8) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f.r[i] = N::sub(f.r[i], 0x43084308u);  // 128 + q - 136
+    } else if constexpr (W == WType::U4) {
+      const uint32_t lo = pair_low(zero), hi = pair_high(zero);
+      f.r[0] = N::sub(f.r[0], lo);
+      f.r[2] = N::sub(f.r[2], lo);
+      f.r[1] = N::sub(f.r[1], hi);
+      f.r[3] = N::sub(f.r[3], hi);
+    } else if constexpr (W == WType::U8B128 && !bf16) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f.r[i] = N::sub(f.r[i], 0x64806480u);  // 1024 + q - 1152
+    } else if constexpr (W == WType::U8B128) {
+      // 16 (128 + hi) - 2304 + (128 + lo) = q - 128, every step exact in bf16.
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f.r[i] = N::add(N::fma(f_x16.r[i], 0x41804180u, 0xc510c510u), f.r[i]);
+    }
+    return f;
+  }
+
+  // Multiplies a fragment by {scale(c), scale(c+8)}.
+  __device__ static void scale(Frag16x16& f, uint32_t pair) {
+    const uint32_t s_c = pair_low(pair), s_c8 = pair_high(pair);
+    f.r[0] = N::mul(f.r[0], s_c);
+    f.r[2] = N::mul(f.r[2], s_c);
+    f.r[1] = N::mul(f.r[1], s_c8);
+    f.r[3] = N::mul(f.r[3], s_c8);
+  }
+
+ private:
+  // E4M3 bytes 1 and 3 of `w` -> two fp16/bf16 values equal to value / 256:
+  // the sign stays, exponent and mantissa move to the top of the field, which
+  // is exact for normals and subnormals alike. The bf16 image is value / 2^120
+  // and is brought to value / 256 by one exact multiplication.
+  __device__ static uint32_t fp8_odd(uint32_t w) {
+    if constexpr (!bf16) return ptx::lop3<kLop3Or>(w >> 1, 0x3f803f80u, w & 0x80008000u);
+    const uint32_t image = ptx::lop3<kLop3Or>(w >> 4, 0x07f007f0u, w & 0x80008000u);
+    return N::mul(image, 0x77807780u);  // 2^112
+  }
+};
+
+}  // namespace ferrum

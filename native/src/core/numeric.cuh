@@ -1,0 +1,63 @@
+// Pairs of fp16 or bf16 values held in one 32-bit register (the unit of every
+// MMA fragment), and the arithmetic the kernels do on them, per activation type.
+// Everything is on raw uint32_t so the dequantisation code is written once.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "ptx.cuh"
+#include "types.h"
+
+namespace ferrum {
+
+// Type-agnostic pair helpers (pure bit moves).
+__device__ __forceinline__ uint32_t pair_low(uint32_t x) { return __byte_perm(x, 0, 0x1010); }
+__device__ __forceinline__ uint32_t pair_high(uint32_t x) { return __byte_perm(x, 0, 0x3232); }
+__device__ __forceinline__ uint32_t pair_neg(uint32_t x) { return x ^ 0x80008000u; }
+
+template <AType A>
+struct Num;
+
+template <>
+struct Num<AType::F16> {
+  static constexpr bool bf16 = false;
+  using Scalar = half;
+  static constexpr uint32_t kOne = 0x3c003c00u;
+  __device__ static half2 v(uint32_t x) { return *reinterpret_cast<half2*>(&x); }
+  __device__ static uint32_t u(half2 x) { return *reinterpret_cast<uint32_t*>(&x); }
+  __device__ static uint32_t add(uint32_t a, uint32_t b) { return u(__hadd2(v(a), v(b))); }
+  __device__ static uint32_t sub(uint32_t a, uint32_t b) { return u(__hsub2(v(a), v(b))); }
+  __device__ static uint32_t mul(uint32_t a, uint32_t b) { return u(__hmul2(v(a), v(b))); }
+  __device__ static uint32_t fma(uint32_t a, uint32_t b, uint32_t c) {
+    return u(__hfma2(v(a), v(b), v(c)));
+  }
+  __device__ static float2 to_float2(uint32_t a) { return __half22float2(v(a)); }
+  __device__ static uint32_t from_floats(float lo, float hi) { return u(__floats2half2_rn(lo, hi)); }
+  __device__ static void atomic_add(void* p, uint32_t x) { atomicAdd(static_cast<half2*>(p), v(x)); }
+};
+
+template <>
+struct Num<AType::BF16> {
+  static constexpr bool bf16 = true;
+  using Scalar = __nv_bfloat16;
+  static constexpr uint32_t kOne = 0x3f803f80u;
+  __device__ static __nv_bfloat162 v(uint32_t x) { return *reinterpret_cast<__nv_bfloat162*>(&x); }
+  __device__ static uint32_t u(__nv_bfloat162 x) { return *reinterpret_cast<uint32_t*>(&x); }
+  __device__ static uint32_t add(uint32_t a, uint32_t b) { return u(__hadd2(v(a), v(b))); }
+  __device__ static uint32_t sub(uint32_t a, uint32_t b) { return u(__hsub2(v(a), v(b))); }
+  __device__ static uint32_t mul(uint32_t a, uint32_t b) { return u(__hmul2(v(a), v(b))); }
+  __device__ static uint32_t fma(uint32_t a, uint32_t b, uint32_t c) {
+    return u(__hfma2(v(a), v(b), v(c)));
+  }
+  __device__ static float2 to_float2(uint32_t a) { return __bfloat1622float2(v(a)); }
+  __device__ static uint32_t from_floats(float lo, float hi) {
+    return u(__floats2bfloat162_rn(lo, hi));
+  }
+  __device__ static void atomic_add(void* p, uint32_t x) {
+    atomicAdd(static_cast<__nv_bfloat162*>(p), v(x));
+  }
+};
+
+}  // namespace ferrum

@@ -1,0 +1,20 @@
+// Activation and weight type ids shared by host and device code; the values
+// are the public ones of ferrum_marlin.h.
+#pragma once
+
+#include "ferrum_marlin.h"
+
+namespace ferrum {
+
+enum class AType : int { F16 = FERRUM_DTYPE_F16, BF16 = FERRUM_DTYPE_BF16 };
+
+enum class WType : int {
+  U4 = FERRUM_WEIGHT_U4,            // INT4 with a zero point per group and column
+  U4B8 = FERRUM_WEIGHT_U4B8,        // INT4, symmetric, bias 8
+  U8B128 = FERRUM_WEIGHT_U8B128,    // 8-bit, symmetric, bias 128
+  FE4M3FN = FERRUM_WEIGHT_FE4M3FN,  // FP8 E4M3, scales carry FERRUM_FP8_SCALE_FACTOR
+};
+
+constexpr int weight_bits(WType w) { return (w == WType::U4 || w == WType::U4B8) ? 4 : 8; }
+
+}  // namespace ferrum

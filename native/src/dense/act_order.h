@@ -1,0 +1,15 @@
+// Act-order (desc_act) support: the columns of A gathered by the weight's row
+// permutation, so that the permuted weight's groups become contiguous.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace ferrum::dense {
+
+// a_tmp[i, j] = a[i, perm[j]] for 16-bit elements; a has row stride lda,
+// a_tmp is contiguous [m, k]. An out-of-range perm entry reads column 0
+// rather than out of bounds.
+cudaError_t gather_columns(const void* a, int lda, const int* perm, void* a_tmp, int m, int k,
+                           cudaStream_t stream);
+
+}  // namespace ferrum::dense

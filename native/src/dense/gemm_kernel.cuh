@@ -1,0 +1,620 @@
+// Dense Marlin GEMM kernel: C[m, n] = A[m, k] . dequant(B)[k, n] (+ bias),
+// one template for every activation type and weight format (core/formats.cuh).
+//
+// Work split ("stripes"): the problem is cut into units of one k_tile of one
+// n_tile column of one m slab, numbered column by column (k fastest). Block
+// range r gets units [r*iters, (r+1)*iters), so a column may be shared by a few
+// consecutive ranges. Ranges are handed out in reverse block order (range r runs
+// on block grid-1-r): the range that covers the *end* of a column does that part
+// first in its stripe, so the partial sums of a column become ready in order of
+// increasing block index, and every block only ever waits for the block just
+// before it, which the hardware dispatched first — no cycles, no deadlock.
+//
+// Partials of a shared column are summed in C: the first-ready contributor
+// stores its fp16 partial, the others add theirs with fp16x2 atomics as soon as
+// it is there (no serial chain). An int32 lock per column in the workspace
+// counts contributors; the last one resets it to 0, so the workspace is zero
+// again after every launch (graph capture). With three or more contributors
+// the order of the atomic adds, hence the last fp16 rounding, may differ
+// between runs. With fp32_reduce every contributor instead parks its fp32
+// partial in c_tmp and the last to arrive sums all of them in range order and
+// stores the column: no waiting at all, and the same result on every run.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "../core/formats.cuh"
+#include "../core/ptx.cuh"
+#include "../core/tile.cuh"
+#include "../core/wgmma.cuh"
+#include "ferrum_marlin.h"
+#include "gemm.h"
+#include "gemm_tiles.h"
+
+namespace ferrum::dense {
+
+template <class T, class F>
+__global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Args p) {
+  static_assert(T::b_words == F::words, "tile built for another weight width");
+  using N = typename F::N;
+  constexpr bool kBf16 = F::bf16;
+  // 1024-byte alignment: the activation tiles are 128-byte-swizzled atoms.
+  extern __shared__ __align__(1024) int4 smem[];
+  int4* const sh_b = smem;
+  int4* const sh_a = sh_b + T::stages * T::b_stage;
+  int4* const sh_s = sh_a + T::stages * T::a_stage;
+  int4* const sh_z = sh_s + T::stages * T::s_stage;
+  float* const sh_red = reinterpret_cast<float*>(sh_z + T::stages * T::z_stage);
+  // fp32 reduce: set when this block is the column's last contributor. In the
+  // dynamic allocation: a static __shared__ variable would push the
+  // 1024-byte-aligned tiles up by a whole alignment unit.
+  int& sh_last = *reinterpret_cast<int*>(sh_red + T::m_rows * T::red_stride);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int warp_n = warp % T::warps_n;
+  const int warp_k = warp / T::warps_n;
+
+  const int n_tiles = p.n / T::n_tile;
+  const int k_tiles = p.k / T::k_tile;
+  const int total = p.slabs * n_tiles * k_tiles;
+  const int range = gridDim.x - 1 - blockIdx.x;
+  const int u_begin = range * p.iters;
+  const int count = min(p.iters, total - u_begin);
+  const bool grouped = p.group_shift >= 0;
+  const int a_row_int4 = p.a_row_int4;
+  const int4* const gA = static_cast<const int4*>(p.a);
+  const int4* const gB = static_cast<const int4*>(p.b);
+  const int4* const gS = static_cast<const int4*>(p.s);
+  const int4* const gZ = static_cast<const int4*>(p.z);
+  constexpr int kChunkInt4 = 32 * T::b_words;  // one chunk's 16-deep k step
+
+  // ---- global -> shared ------------------------------------------------------
+  // Everything a thread copies is fixed per thread up to the stage's base
+  // address, so the loop only adds offsets (no divisions in the steady state).
+  constexpr int kBCopies = T::b_stage / kThreads;
+  static_assert(T::b_stage % kThreads == 0, "weight tile must split over the block");
+  constexpr int kACopies = (T::a_stage + kThreads - 1) / kThreads;
+  int b_src[kBCopies];
+#pragma unroll
+  for (int i = 0; i < kBCopies; ++i) {
+    const int e = tid + i * kThreads;
+    b_src[i] = (e / (T::n_chunks * kChunkInt4)) * p.b_row_int4 + e % (T::n_chunks * kChunkInt4);
+  }
+  int a_src[kACopies], a_dst[kACopies], a_row[kACopies];
+#pragma unroll
+  for (int i = 0; i < kACopies; ++i) {
+    const int e = tid + i * kThreads;
+    const int r = e / (T::k_rows * 2);
+    const int unit = e % (T::k_rows * 2);
+    a_row[i] = e < T::a_stage ? r : INT32_MAX / 2;  // threads past the tile copy nothing
+    a_src[i] = r * a_row_int4 + unit;
+    // 128-byte rows of 8 16-byte units, unit u of row r stored at u ^ (r % 8),
+    // so that ldmatrix reads of eight rows hit eight different bank groups.
+    a_dst[i] = (unit >> 3) * (T::m_rows * 8) + r * 8 + ((unit & 7) ^ (r & 7));
+  }
+  // Scale rows per stage: k_tile / group (group <= k_tile) or 1.
+  const int s_rows = grouped && T::k_tile > (1 << p.group_shift) ? T::k_tile >> p.group_shift : 1;
+  const int s_row_int4 = p.s_row_halves / 8;
+
+  // Fetch cursor (the unit the next load_stage call copies) and the global
+  // addresses of this thread's copies for it. Within a column the addresses
+  // only advance by a fixed step per stage; `seek` recomputes them when the
+  // cursor enters a new column.
+  int f_kt, f_c, f_slab;
+  {
+    const int col = u_begin / k_tiles;
+    f_kt = u_begin - col * k_tiles;
+    f_slab = col / n_tiles;
+    f_c = col - f_slab * n_tiles;
+  }
+  const int s_copies = grouped ? s_rows * (T::n_chunks * 8) : 0;
+  // Zero points follow the scales' group rows (one row when channelwise).
+  const int z_shift = grouped ? p.group_shift : 30;
+  const int z_copies = F::zero_points ? s_rows * (T::n_chunks * 2) : 0;
+  const size_t b_step = static_cast<size_t>(T::k_rows) * p.b_row_int4;
+  const int4* pb[kBCopies];
+  const int4* pa[kACopies];
+  int a_step[kACopies];
+  bool a_live[kACopies];
+  const int4* ps = gS;
+  const int4* pz = gZ;
+  auto seek = [&]() {
+    const int4* const b0 = gB + static_cast<size_t>(f_kt) * b_step + f_c * (T::n_chunks * kChunkInt4);
+#pragma unroll
+    for (int i = 0; i < kBCopies; ++i) pb[i] = b0 + b_src[i];
+    const int rows_left = p.m - f_slab * T::m_rows;
+    const int4* const a0 =
+        gA + static_cast<size_t>(f_slab) * T::m_rows * a_row_int4 + f_kt * (T::k_tile / 8);
+#pragma unroll
+    for (int i = 0; i < kACopies; ++i) {
+      // Rows past the end of A become zero rows; their copies read nothing.
+      a_live[i] = a_row[i] < rows_left;
+      pa[i] = a_live[i] ? a0 + a_src[i] : gA;
+      a_step[i] = a_live[i] ? T::k_tile / 8 : 0;
+    }
+    if (tid < s_copies) {
+      const int r = tid / (T::n_chunks * 8);
+      const int off = tid % (T::n_chunks * 8);
+      const int group_row = ((f_kt * T::k_tile) >> p.group_shift) + r;
+      ps = gS + static_cast<size_t>(group_row) * s_row_int4 + f_c * (T::n_tile / 8) + off;
+    }
+    if (tid < z_copies) {
+      const int r = tid / (T::n_chunks * 2);
+      const int off = tid % (T::n_chunks * 2);
+      const int group_row = ((f_kt * T::k_tile) >> z_shift) + r;
+      pz = gZ + static_cast<size_t>(group_row) * p.z_row_int4 + f_c * (T::n_tile / 32) + off;
+    }
+  };
+  seek();
+  auto load_stage = [&](int slot) {
+    int4* const db = sh_b + slot * T::b_stage + tid;
+#pragma unroll
+    for (int i = 0; i < kBCopies; ++i) ptx::cp_async16(db + i * kThreads, pb[i]);
+    int4* const da = sh_a + slot * T::a_stage;
+#pragma unroll
+    for (int i = 0; i < kACopies; ++i) {
+      if (a_row[i] < T::m_rows) ptx::cp_async16_or_zero(da + a_dst[i], pa[i], a_live[i]);
+    }
+    if (tid < s_copies) ptx::cp_async16(sh_s + slot * T::s_stage + tid, ps);
+    if (tid < z_copies) ptx::cp_async16(sh_z + slot * T::z_stage + tid, pz);
+    if (++f_kt == k_tiles) {
+      f_kt = 0;
+      if (++f_c == n_tiles) {
+        f_c = 0;
+        ++f_slab;
+      }
+      seek();
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBCopies; ++i) pb[i] += b_step;
+#pragma unroll
+      for (int i = 0; i < kACopies; ++i) pa[i] += a_step[i];
+      if (tid < s_copies) {
+        const int rows_before = ((f_kt - 1) * T::k_tile) >> p.group_shift;
+        ps += static_cast<size_t>(((f_kt * T::k_tile) >> p.group_shift) - rows_before) * s_row_int4;
+      }
+      if (tid < z_copies) {
+        const int rows_before = ((f_kt - 1) * T::k_tile) >> z_shift;
+        pz += static_cast<size_t>(((f_kt * T::k_tile) >> z_shift) - rows_before) * p.z_row_int4;
+      }
+    }
+  };
+
+  float acc[4][T::m8][4];
+  auto zero_acc = [&]() {
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+#pragma unroll
+      for (int j = 0; j < T::m8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.f;
+  };
+
+  // ---- shared -> registers -> tensor cores -----------------------------------
+  // Activation fragments of one 16-deep k step: bf[j] = {k..k+1, k+8..k+9} of
+  // m8 tile j. Matrix (lane/8) of ldmatrix.x4 is (tile jp + lane/16, k half
+  // (lane/8)%2); .x2 uses only the two k halves.
+  auto load_activations = [&](const int4* sa, int row, uint32_t (&bf)[T::m8][2]) {
+    const int r8 = lane & 7;
+    const int unit = 2 * row + ((lane >> 3) & 1);
+    if constexpr (T::m8 == 1) {
+      uint32_t r[2];
+      ptx::ldmatrix_x2(r, sa + (unit >> 3) * (T::m_rows * 8) + r8 * 8 + ((unit & 7) ^ r8));
+      bf[0][0] = r[0];
+      bf[0][1] = r[1];
+    } else {
+#pragma unroll
+      for (int jp = 0; jp < T::m8; jp += 2) {
+        const int mr = 8 * (jp + (lane >> 4)) + r8;
+        uint32_t r[4];
+        ptx::ldmatrix_x4(r, sa + (unit >> 3) * (T::m_rows * 8) + mr * 8 + ((unit & 7) ^ r8));
+        bf[jp][0] = r[0];
+        bf[jp][1] = r[1];
+        bf[jp + 1][0] = r[2];
+        bf[jp + 1][1] = r[3];
+      }
+    }
+  };
+  // The lane's weight words of one 16-deep k step of its chunk: tile t owns
+  // words [t * F::words, (t + 1) * F::words).
+  auto weight_words = [&](const int4* sb, int row, uint32_t (&w)[4 * F::words]) {
+    const int4* const src = sb + (row * T::n_chunks + warp_n) * kChunkInt4 + lane * T::b_words;
+#pragma unroll
+    for (int i = 0; i < T::b_words; ++i) {
+      const int4 v = src[i];
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  };
+  // {scale(c), scale(c + 8)} of tile t, and the zero-point word, of group row
+  // s_row of the stage.
+  auto scale_pairs = [&](const int4* ss, int s_row, uint32_t (&sp)[4]) {
+    const int4 sc = ss[s_row * (T::n_chunks * 8) + warp_n * 8 + (lane >> 2)];
+    sp[0] = sc.x;
+    sp[1] = sc.y;
+    sp[2] = sc.z;
+    sp[3] = sc.w;
+  };
+  auto zero_word = [&](const int4* sz, int s_row) -> uint32_t {
+    if constexpr (F::zero_points)
+      return reinterpret_cast<const uint32_t*>(sz + s_row * (T::n_chunks * 2) + warp_n * 2)[lane >> 2];
+    return 0u;
+  };
+  // Exact values times their group scales, for the tensor-core bound paths.
+  auto scaled_fragments = [&](const int4* sb, const int4* ss, const int4* sz, int row, Frag16x16 (&f)[4]) {
+    uint32_t w[4 * F::words];
+    weight_words(sb, row, w);
+    const int s_row = (16 * row) >> z_shift;  // 0 when the group spans the tile
+    const uint32_t zw = zero_word(sz, s_row);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) f[t] = F::dequant(w + t * F::words, F::zero_points ? F::zero_pair(zw, t) : 0u);
+    if (grouped) {
+      uint32_t sp[4];
+      scale_pairs(ss, s_row, sp);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) F::scale(f[t], sp[t]);
+    }
+  };
+
+  // Short slabs multiply raw code images (see core/formats.cuh) and apply
+  // scales to fp32 partials, once per group; taller slabs are tensor-core
+  // bound and multiply exact, scaled fragments once.
+  constexpr bool kImages = T::m8 <= 2 && !T::wgmma;
+  // Groups shorter than the k tile: scales change from one k step to the next.
+  const bool per_row_groups = s_rows > 1;
+  auto compute_stage = [&](int slot) {
+    const int4* const sb = sh_b + slot * T::b_stage;
+    const int4* const sa = sh_a + slot * T::a_stage;
+    const int4* const ss = sh_s + slot * T::s_stage;
+    const int4* const sz = sh_z + slot * T::z_stage;
+    if constexpr (T::wgmma) {
+      // Each warpgroup (one warp_k) multiplies its k steps for all four
+      // chunks: warp w supplies tile t of chunk w as rows 16w.. of wgmma t.
+      Frag16x16 f[T::rows_per_warp][4];
+#pragma unroll
+      for (int rr = 0; rr < T::rows_per_warp; ++rr) scaled_fragments(sb, ss, sz, warp_k + rr * T::warps_k, f[rr]);
+      wgmma::fence();
+#pragma unroll
+      for (int rr = 0; rr < T::rows_per_warp; ++rr) {
+        const int row = warp_k + rr * T::warps_k;  // 16-deep step: 32 bytes into the 128-byte rows
+        const uint64_t desc = wgmma::sw128_kmajor_desc(reinterpret_cast<const char*>(sa) + row * 32);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) wgmma::mma_m64n64k16<kBf16>(acc[t], f[rr][t].r, desc);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+    } else if constexpr (kImages) {
+      // part: image products of the current group window; corr: products of
+      // the constant correction, the same for every tile, so computed once.
+      float part[4][T::m8][4];
+      float corr[T::m8][4];
+      auto run = [&](auto per_row_tag) {
+        constexpr bool kPerRow = decltype(per_row_tag)::value;
+        [[maybe_unused]] Frag16x16 zc[4];  // zero-point corrections of the current group
+#pragma unroll
+        for (int rr = 0; rr < T::rows_per_warp; ++rr) {
+          const int row = warp_k + rr * T::warps_k;
+          const bool open = kPerRow || rr == 0;
+          const bool close = kPerRow || rr == T::rows_per_warp - 1;
+          const int s_row = (16 * row) >> z_shift;
+          if constexpr (F::zero_points) {
+            if (open) {
+              const uint32_t zw = zero_word(sz, s_row);
+#pragma unroll
+              for (int t = 0; t < 4; ++t) zc[t] = F::correction(F::zero_pair(zw, t));
+            }
+          }
+          uint32_t w[4 * F::words];
+          weight_words(sb, row, w);
+          Frag16x16 f[4], fx[4];
+#pragma unroll
+          for (int t = 0; t < 4; ++t) F::images(w + t * F::words, f[t], fx[t]);
+          uint32_t bf[T::m8][2];
+          load_activations(sa, row, bf);
+#pragma unroll
+          for (int j = 0; j < T::m8; ++j) {
+            if constexpr (F::act_hi_div16) bf[j][1] = N::mul(bf[j][1], 0x2c002c00u);  // 1/16
+            [[maybe_unused]] uint32_t bx[2] = {0u, 0u};
+            if constexpr (F::act_x16_image) {
+              bx[0] = N::mul(bf[j][0], 0x41804180u);  // 16
+              bx[1] = N::mul(bf[j][1], 0x41804180u);
+            }
+            if constexpr (F::const_correction) {
+              const Frag16x16 cc = F::correction(0u);
+              if (open)
+                ptx::mma_16816_zero<kBf16>(corr[j], cc.r, bf[j][0], bf[j][1]);
+              else
+                ptx::mma_16816<kBf16>(corr[j], cc.r, bf[j][0], bf[j][1]);
+            }
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+              if (open)
+                ptx::mma_16816_zero<kBf16>(part[t][j], f[t].r, bf[j][0], bf[j][1]);
+              else
+                ptx::mma_16816<kBf16>(part[t][j], f[t].r, bf[j][0], bf[j][1]);
+              if constexpr (F::act_x16_image) ptx::mma_16816<kBf16>(part[t][j], fx[t].r, bx[0], bx[1]);
+              if constexpr (F::zero_points) ptx::mma_16816<kBf16>(part[t][j], zc[t].r, bf[j][0], bf[j][1]);
+            }
+          }
+          if (close) {
+            // Channelwise scales wait for the epilogue.
+            uint32_t sp[4] = {N::kOne, N::kOne, N::kOne, N::kOne};
+            if (grouped) scale_pairs(ss, s_row, sp);
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+              const float2 s = N::to_float2(sp[t]);  // columns c, c + 8
+#pragma unroll
+              for (int j = 0; j < T::m8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  const float v = part[t][j][e] + (F::const_correction ? corr[j][e] : 0.f);
+                  acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[t][j][e]);
+                }
+            }
+          }
+        }
+      };
+      if (per_row_groups)
+        run(std::true_type{});
+      else
+        run(std::false_type{});
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < T::rows_per_warp; ++rr) {
+        const int row = warp_k + rr * T::warps_k;
+        Frag16x16 f[4];
+        scaled_fragments(sb, ss, sz, row, f);
+        uint32_t bf[T::m8][2];
+        load_activations(sa, row, bf);
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int j = 0; j < T::m8; ++j) ptx::mma_16816<kBf16>(acc[t][j], f[t].r, bf[j][0], bf[j][1]);
+      }
+    }
+  };
+
+  // ---- end of a column: block reduction, then the global one ---------------
+  // Stores (or atomically adds) the block's rows of column tile c of `slab`
+  // from sh_red, with channelwise scales, and the bias when it stores.
+  auto store_rows = [&](int slab, int c, bool atomic) {
+    constexpr int vec_per_row = T::n_tile / 8;
+    const uint32_t* const s_pairs = static_cast<const uint32_t*>(p.s);
+    for (int v = tid; v < T::m_rows * vec_per_row; v += kThreads) {
+      const int mr = v / vec_per_row;
+      const int nv = v - mr * vec_per_row;
+      const int grow = slab * T::m_rows + mr;
+      if (grow >= p.m) continue;
+      const float4* src = reinterpret_cast<const float4*>(sh_red + mr * T::red_stride + nv * 8);
+      const float4 lo = src[0];
+      const float4 hi = src[1];
+      float vals[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      const int ncol = c * T::n_tile + nv * 8;
+      if (!grouped) {
+        // Channelwise scales are permuted per 32 columns so that column
+        // 8a + e of a chunk sits at 8*(e/2) + 2a + e%2.
+        const uint32_t* s2 = s_pairs + ((ncol & ~31) + 2 * ((ncol >> 3) & 3)) / 2;
+#pragma unroll
+        for (int e2 = 0; e2 < 4; ++e2) {
+          const float2 s = N::to_float2(s2[4 * e2]);
+          vals[2 * e2] *= s.x;
+          vals[2 * e2 + 1] *= s.y;
+        }
+      }
+      if (!atomic && p.bias != nullptr) {
+        const int4 bv = *reinterpret_cast<const int4*>(static_cast<const char*>(p.bias) + 2 * static_cast<size_t>(ncol));
+        const uint32_t bw[4] = {static_cast<uint32_t>(bv.x), static_cast<uint32_t>(bv.y),
+                                static_cast<uint32_t>(bv.z), static_cast<uint32_t>(bv.w)};
+#pragma unroll
+        for (int e2 = 0; e2 < 4; ++e2) {
+          const float2 b = N::to_float2(bw[e2]);
+          vals[2 * e2] += b.x;
+          vals[2 * e2 + 1] += b.y;
+        }
+      }
+      uint32_t packed[4];
+#pragma unroll
+      for (int e2 = 0; e2 < 4; ++e2) packed[e2] = N::from_floats(vals[2 * e2], vals[2 * e2 + 1]);
+      char* const dst = static_cast<char*>(p.c) + 2 * (static_cast<size_t>(grow) * p.n + ncol);
+      if (!atomic) {
+        __stcg(reinterpret_cast<int4*>(dst), make_int4(packed[0], packed[1], packed[2], packed[3]));
+      } else {
+#pragma unroll
+        for (int e2 = 0; e2 < 4; ++e2) N::atomic_add(dst + 4 * e2, packed[e2]);
+      }
+    }
+  };
+
+  auto finish_column = [&](int u) {
+    const int col = u / k_tiles;
+    const int slab = col / n_tiles;
+    const int c = col - slab * n_tiles;
+    const int first_unit = col * k_tiles;
+    const int r_lo = first_unit / p.iters;
+    const int r_hi = (first_unit + k_tiles - 1) / p.iters;
+    const int contributors = r_hi - r_lo + 1;
+    const int order = r_hi - range;  // 0: this block's part is ready first
+
+    // Accumulator (t, j, e) of lane (g, q) is C^T[n = 16t + g + 8(e/2)][m = 8j + 2q + e%2].
+#pragma unroll 1
+    for (int kw = 0; kw < T::warps_k; ++kw) {
+      if (warp_k == kw) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int j = 0; j < T::m8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int n_local = warp_n * 64 + 16 * t + (lane >> 2) + 8 * (e >> 1);
+              const int m_local = 8 * j + 2 * (lane & 3) + (e & 1);
+              float* dst = sh_red + m_local * T::red_stride + n_local;
+              *dst = kw == 0 ? acc[t][j][e] : *dst + acc[t][j][e];
+            }
+      }
+      __syncthreads();
+    }
+
+    // A range is the lowest contributor of at most one shared column (its
+    // last one), so r_lo names the column's lock uniquely within the launch.
+    int* const lock = p.locks + (p.lock_by_range ? r_lo : col);
+    const bool shared_column = contributors > 1;
+    if (p.fp32_reduce && shared_column) {
+      // Slot 2r holds range r's first column, 2r + 1 its last one.
+      constexpr int kSlotFloats = T::m_rows * T::n_tile;
+      constexpr int vec4_per_row = T::n_tile / 4;
+      auto slot_of = [&](int r) {
+        const int which = (r * p.iters) / k_tiles == col ? 0 : 1;
+        return reinterpret_cast<float4*>(p.c_tmp + static_cast<size_t>(2 * r + which) * kSlotFloats);
+      };
+      const int rows_here = min(T::m_rows, p.m - slab * T::m_rows);
+      float4* const mine = slot_of(range);
+      for (int v = tid; v < rows_here * vec4_per_row; v += kThreads) {
+        const int mr = v / vec4_per_row;
+        const int nv = v - mr * vec4_per_row;
+        __stcg(mine + v, *reinterpret_cast<const float4*>(sh_red + mr * T::red_stride + nv * 4));
+      }
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        sh_last = atomicAdd(lock, 1) == contributors - 1;
+        if (sh_last) atomicExch(lock, 0);
+      }
+      __syncthreads();
+      if (sh_last) {
+        __threadfence();
+        for (int v = tid; v < rows_here * vec4_per_row; v += kThreads) {
+          float4 sum = __ldcg(slot_of(r_lo) + v);
+          for (int r = r_lo + 1; r <= r_hi; ++r) {
+            const float4 x = __ldcg(slot_of(r) + v);
+            sum.x += x.x;
+            sum.y += x.y;
+            sum.z += x.z;
+            sum.w += x.w;
+          }
+          const int mr = v / vec4_per_row;
+          const int nv = v - mr * vec4_per_row;
+          *reinterpret_cast<float4*>(sh_red + mr * T::red_stride + nv * 4) = sum;
+        }
+        __syncthreads();
+        store_rows(slab, c, false);
+      }
+      __syncthreads();
+    } else {
+      // The first partial (ready earliest, see the top of the file) is
+      // stored, the others are added atomically once it is in place. The lock
+      // counts finished contributors; the last one resets it to zero.
+      const bool atomic = shared_column && order > 0;
+      if (atomic) {
+        if (tid == 0) {
+          while (ptx::ld_acquire_gpu(lock) < 1) __nanosleep(32);
+        }
+        __syncthreads();
+      }
+      store_rows(slab, c, atomic);
+      if (shared_column) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0 && atomicAdd(lock, 1) == contributors - 1) atomicExch(lock, 0);
+      } else {
+        __syncthreads();
+      }
+    }
+    zero_acc();
+  };
+
+  // ---- the pipeline ------------------------------------------------------------
+#pragma unroll
+  for (int i = 0; i < T::stages - 1; ++i) {
+    if (i < count) load_stage(i);
+    ptx::cp_async_commit();
+  }
+  zero_acc();
+  int c_kt = u_begin % k_tiles;  // k tile of the unit being computed
+  int slot = 0;
+  int fetch_slot = T::stages - 1;
+#pragma unroll 1
+  for (int i = 0; i < count; ++i) {
+    ptx::cp_async_wait<T::stages - 2>();
+    if constexpr (T::wgmma) wgmma::fence_async_shared();
+    __syncthreads();
+    // The slot refilled here was consumed in iteration i-1, which every warp
+    // finished before the barrier above.
+    if (i + T::stages - 1 < count) load_stage(fetch_slot);
+    ptx::cp_async_commit();
+    fetch_slot = fetch_slot == T::stages - 1 ? 0 : fetch_slot + 1;
+    compute_stage(slot);
+    slot = slot == T::stages - 1 ? 0 : slot + 1;
+    if (c_kt == k_tiles - 1 || i == count - 1) finish_column(u_begin + i);
+    c_kt = c_kt == k_tiles - 1 ? 0 : c_kt + 1;
+  }
+  ptx::cp_async_wait<0>();
+}
+
+template <class T, class F>
+cudaError_t launch_tile(Args& args, const Launch& launch, int* stage) {
+  // Attributes live in the device's context: set them, and learn how many
+  // blocks can be resident, once per device (a benign race repeats the work).
+  static int resident[kMaxDevices] = {};
+  const int dev = launch.dev;
+  int blocks = (dev >= 0 && dev < kMaxDevices) ? resident[dev] : 0;
+  if (blocks == 0) {
+    cudaError_t err = cudaFuncSetAttribute(gemm_kernel<T, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(T::smem_bytes));
+    if (err != cudaSuccess) {
+      *stage = FERRUM_STAGE_FUNCTION_ATTRIBUTE;
+      return err;
+    }
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_kernel<T, F>, kThreads, T::smem_bytes);
+    if (err != cudaSuccess || blocks < 1) {
+      *stage = FERRUM_STAGE_BLOCKS_PER_SM;
+      return err != cudaSuccess ? err : cudaErrorLaunchOutOfResources;
+    }
+    blocks = blocks < T::min_blocks ? blocks : T::min_blocks;
+    static_assert(T::min_blocks <= kMaxBlocksPerSm, "lock and c_tmp budgets assume two blocks per SM");
+    if (dev >= 0 && dev < kMaxDevices) resident[dev] = blocks;
+  }
+  // Every block must be resident at once: blocks wait on their predecessor.
+  const int n_tiles = args.n / T::n_tile;
+  const int k_tiles = args.k / T::k_tile;
+  const int total = args.slabs * n_tiles * k_tiles;
+  int grid = launch.sms * blocks;
+  if (grid > total) grid = total;
+  args.iters = (total + grid - 1) / grid;
+  grid = (total + args.iters - 1) / args.iters;
+  gemm_kernel<T, F><<<grid, kThreads, T::smem_bytes, launch.stream>>>(args);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
+  return err;
+}
+
+// The launcher of every tile built for one format and slabs of 8*M8 rows;
+// each generated instantiation file defines one.
+template <AType A, WType W, int M8>
+cudaError_t launch_slab(NConfig nc, Args& args, const Launch& launch, int* stage) {
+  using F = Format<A, W>;
+  constexpr int kBits = F::bits;
+  switch (nc) {
+    case NConfig::N128_K128:
+      return launch_tile<Tile<M8, NConfig::N128_K128, kBits>, F>(args, launch, stage);
+    case NConfig::N256_K64:
+      return launch_tile<Tile<M8, NConfig::N256_K64, kBits>, F>(args, launch, stage);
+    case NConfig::N64_K128:
+      return launch_tile<Tile<M8, NConfig::N64_K128, kBits>, F>(args, launch, stage);
+    case NConfig::N256_K128:
+      if constexpr (M8 <= kDeepTileMaxM8)
+        return launch_tile<Tile<M8, NConfig::N256_K128, kBits>, F>(args, launch, stage);
+      break;  // not built for taller slabs; the host never selects it
+    case NConfig::N256_K64_WGMMA:
+      if constexpr (M8 == 8) return launch_tile<Tile<M8, NConfig::N256_K64_WGMMA, kBits>, F>(args, launch, stage);
+      break;  // warpgroup tiles serve 64-row slabs only
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace ferrum::dense

@@ -1,0 +1,150 @@
+#include "launch_plan.h"
+
+#include <stdint.h>
+
+#include "../status.h"
+#include "gemm_tiles.h"
+
+namespace ferrum::dense {
+
+namespace {
+
+#ifdef FERRUM_HAVE_SM90A
+constexpr bool kHaveSm90a = true;
+#else
+constexpr bool kHaveSm90a = false;
+#endif
+
+template <int M8, NConfig NC, int Bits>
+TileInfo info() {
+  using T = Tile<M8, NC, Bits>;
+  return TileInfo{T::m_rows, T::n_tile, T::k_tile, T::smem_bytes};
+}
+
+template <NConfig NC, int Bits>
+TileInfo info_m8(int m8) {
+  if constexpr (NC == NConfig::N256_K128) {
+    return m8 == 1 ? info<1, NC, Bits>() : info<2, NC, Bits>();
+  } else if constexpr (NC == NConfig::N256_K64_WGMMA) {
+    return info<8, NC, Bits>();
+  } else {
+    switch (m8) {
+      case 1: return info<1, NC, Bits>();
+      case 2: return info<2, NC, Bits>();
+      case 4: return info<4, NC, Bits>();
+      default: return info<8, NC, Bits>();
+    }
+  }
+}
+
+template <int Bits>
+TileInfo info_bits(int m8, NConfig nc) {
+  switch (nc) {
+    case NConfig::N128_K128: return info_m8<NConfig::N128_K128, Bits>(m8);
+    case NConfig::N256_K64: return info_m8<NConfig::N256_K64, Bits>(m8);
+    case NConfig::N256_K128: return info_m8<NConfig::N256_K128, Bits>(m8);
+    case NConfig::N256_K64_WGMMA: return info_m8<NConfig::N256_K64_WGMMA, Bits>(m8);
+    case NConfig::N64_K128:
+    default: return info_m8<NConfig::N64_K128, Bits>(m8);
+  }
+}
+
+template <AType A, WType W>
+cudaError_t launch_format(int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
+  switch (m8) {
+    case 1: return launch_slab<A, W, 1>(nc, args, launch, stage);
+    case 2: return launch_slab<A, W, 2>(nc, args, launch, stage);
+    case 4: return launch_slab<A, W, 4>(nc, args, launch, stage);
+    default: return launch_slab<A, W, 8>(nc, args, launch, stage);
+  }
+}
+
+template <AType A>
+cudaError_t launch_act(WType w, int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
+  switch (w) {
+    case WType::U4: return launch_format<A, WType::U4>(m8, nc, args, launch, stage);
+    case WType::U4B8: return launch_format<A, WType::U4B8>(m8, nc, args, launch, stage);
+    case WType::U8B128: return launch_format<A, WType::U8B128>(m8, nc, args, launch, stage);
+    case WType::FE4M3FN: return launch_format<A, WType::FE4M3FN>(m8, nc, args, launch, stage);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+int slab_m8(int m) {
+  if (m <= 8) return 1;
+  if (m <= 16) return 2;
+  if (m <= 32) return 4;
+  return 8;
+}
+
+TileInfo tile_info(int m8, NConfig nc, int bits) {
+  return bits == 8 ? info_bits<8>(m8, nc) : info_bits<4>(m8, nc);
+}
+
+// 64-row slabs on Hopper take warpgroup MMA; small slabs on long problems (at
+// least 8 units per resident block, two blocks per SM) take 16 KB 4-bit weight
+// stages; otherwise 128x128 tiles keep many columns and short k runs. 64-row
+// slabs prefer 256 columns per tile, which halves the activation traffic per
+// weight byte.
+NConfig auto_config(int m8, int n, int k, int sms, int bits, bool hopper) {
+  if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
+  if (bits == 4 && m8 <= kDeepTileMaxM8 && n % 256 == 0 &&
+      static_cast<int64_t>(n / 256) * (k / 128) >= static_cast<int64_t>(16) * sms)
+    return NConfig::N256_K128;
+  if (m8 == 8 && n % 256 == 0) return NConfig::N256_K64;
+  if (n % 128 == 0) return NConfig::N128_K128;
+  return NConfig::N64_K128;
+}
+
+bool forced_config(int thread_k, int thread_n, NConfig* nc) {
+  if (thread_k == 128 && thread_n == 128) *nc = NConfig::N128_K128;
+  else if (thread_k == 128 && thread_n == 256) *nc = NConfig::N256_K128;
+  else if (thread_k == 64 && thread_n == 256) *nc = NConfig::N256_K64;
+  else if (thread_k == 128 && thread_n == 64) *nc = NConfig::N64_K128;
+  else return false;
+  return true;
+}
+
+int check_tile_fits(const char* entry, const TileInfo& tile, int n, int k) {
+  if (n % tile.n_tile != 0)
+    return fail(FERRUM_STAGE_SHAPE, FERRUM_STATUS_INVALID_VALUE,
+                "%s: n=%d is not a multiple of the tile width %d", entry, n, tile.n_tile);
+  if (k % tile.k_tile != 0)
+    return fail(FERRUM_STAGE_SHAPE, FERRUM_STATUS_INVALID_VALUE,
+                "%s: k=%d is not a multiple of the tile depth %d", entry, k, tile.k_tile);
+  return 0;
+}
+
+int query_device(const char* entry, int dev, int sms_request, DeviceFacts* facts) {
+  auto cuda_fail = [entry](int stage, cudaError_t e, const char* what) {
+    return fail(stage, static_cast<int>(e), "%s: %s: %s (%s)", entry, what, cudaGetErrorName(e),
+                cudaGetErrorString(e));
+  };
+  int dev_sms = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return cuda_fail(FERRUM_STAGE_SM_COUNT, err, "multiprocessor count");
+  int cc_major = 0;
+  err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err != cudaSuccess) return cuda_fail(FERRUM_STAGE_DEVICE, err, "compute capability");
+  if (cc_major < 8)
+    return fail(FERRUM_STAGE_DEVICE, cudaErrorNoKernelImageForDevice,
+                "%s: device %d has compute capability %d.x; sm_80 or newer is required", entry, dev,
+                cc_major);
+  int max_smem = 0;
+  err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err != cudaSuccess) return cuda_fail(FERRUM_STAGE_MAX_SHARED_MEMORY, err, "shared memory");
+  facts->sms = (sms_request == -1 || sms_request > dev_sms) ? dev_sms : sms_request;
+  // Warpgroup MMA needs sm_90a machine code, which only Hopper (9.0) runs.
+  facts->hopper = kHaveSm90a && cc_major == 9;
+  facts->max_smem = max_smem;
+  return 0;
+}
+
+cudaError_t launch_gemm(AType a, WType w, int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
+  if (a == AType::BF16) return launch_act<AType::BF16>(w, m8, nc, args, launch, stage);
+  return launch_act<AType::F16>(w, m8, nc, args, launch, stage);
+}
+
+}  // namespace ferrum::dense

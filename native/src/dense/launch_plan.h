@@ -1,0 +1,36 @@
+// Host-side planning shared by the dense entry points (marlin_cuda and
+// ferrum_marlin_mm): slab height, tile choice, device facts, and the dispatch
+// from runtime types to the instantiated kernels.
+#pragma once
+
+#include "gemm.h"
+
+namespace ferrum::dense {
+
+// 8-row activation tiles per slab for an m-row problem: 1, 2, 4 or 8.
+int slab_m8(int m);
+
+TileInfo tile_info(int m8, NConfig nc, int bits);
+
+// The automatic tile for a slab height and problem.
+NConfig auto_config(int m8, int n, int k, int sms, int bits, bool hopper);
+
+// (thread_k, thread_n) as the original kernel names them; false if no tile.
+bool forced_config(int thread_k, int thread_n, NConfig* nc);
+
+// Checks that a tile divides the problem; returns a status (stage "shape").
+int check_tile_fits(const char* entry, const TileInfo& tile, int n, int k);
+
+struct DeviceFacts {
+  int sms;        // multiprocessors to use (the request, clamped to the device)
+  bool hopper;    // warpgroup-MMA tiles are available (sm_90a code on a 9.x device)
+  int max_smem;   // opt-in shared memory per block
+};
+
+// Queries the device (stages sm-count, device, max-shared-memory on failure).
+int query_device(const char* entry, int dev, int sms_request, DeviceFacts* facts);
+
+// Runs the kernel instantiated for (a, w, m8, nc).
+cudaError_t launch_gemm(AType a, WType w, int m8, NConfig nc, Args& args, const Launch& launch, int* stage);
+
+}  // namespace ferrum::dense
