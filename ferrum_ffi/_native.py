@@ -28,6 +28,51 @@ _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 _c_float_p = ctypes.POINTER(ctypes.c_float)
 _stream = ctypes.c_void_p  # cudaStream_t
 
+
+class FerrumMarlinLaunch(ctypes.Structure):
+    """``FerrumMarlinLaunch`` of the header, field by field in the same order and
+    C types (tests/test_abi.py compares names, order, kinds and, with a C
+    compiler at hand, every offset). ``struct_size`` lets the library accept
+    callers built against an older, shorter version of the struct."""
+
+    _fields_ = [
+        ("abi_version", ctypes.c_uint),
+        ("struct_size", ctypes.c_uint),
+        # buffers
+        ("a", ctypes.c_void_p),
+        ("b", ctypes.c_void_p),
+        ("c", ctypes.c_void_p),
+        ("c_tmp", ctypes.c_void_p),
+        ("b_scales", ctypes.c_void_p),
+        ("zero_points", ctypes.c_void_p),
+        ("g_idx", _c_int_p),
+        ("perm", _c_int_p),
+        ("a_tmp", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("a_scales", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("c_tmp_bytes", ctypes.c_size_t),
+        ("a_tmp_bytes", ctypes.c_size_t),
+        # problem
+        ("m", ctypes.c_int),
+        ("n", ctypes.c_int),
+        ("k", ctypes.c_int),
+        ("lda", ctypes.c_int),
+        ("num_groups", ctypes.c_int),
+        ("group_size", ctypes.c_int),
+        # types
+        ("a_type", ctypes.c_int),
+        ("b_type", ctypes.c_int),
+        # execution
+        ("device", ctypes.c_int),
+        ("sms", ctypes.c_int),
+        ("stream", _stream),
+        ("flags", ctypes.c_uint),
+        ("thread_k", ctypes.c_int),
+        ("thread_n", ctypes.c_int),
+    ]
+
 # name -> (restype, argtypes), mirroring the header line by line.
 PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "ferrum_marlin_abi_version": (ctypes.c_int, []),
@@ -74,6 +119,7 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
             ctypes.c_int,  # prob_n_full
         ],
     ),
+    "ferrum_marlin_mm": (ctypes.c_int, [ctypes.POINTER(FerrumMarlinLaunch)]),
 }
 
 

@@ -35,10 +35,22 @@ def _header_text() -> str:
 
 
 def _header_defines() -> dict[str, int]:
-    return {
-        name: int(value)
-        for name, value in re.findall(r"^\s*#\s*define\s+(\w+)\s+(-?\d+)\s*$", _header_text(), flags=re.M)
-    }
+    """Every integer #define: decimal or hex, with or without a u/l suffix."""
+    pattern = r"^\s*#\s*define\s+(\w+)\s+(-?(?:0[xX][0-9a-fA-F]+|\d+))[uUlL]*\s*$"
+    return {name: int(value, 0) for name, value in re.findall(pattern, _header_text(), flags=re.M)}
+
+
+def _header_struct(name: str) -> list[tuple[str, str]]:
+    """(C type, field name) of every field of ``typedef struct name {...} name;``."""
+    match = re.search(rf"typedef\s+struct\s+{name}\s*\{{(.*?)\}}\s*{name}\s*;", _header_text(), flags=re.S)
+    assert match, f"struct {name} not found in the header"
+    fields = []
+    for declaration in match.group(1).split(";"):
+        declaration = " ".join(declaration.split())
+        if declaration:
+            ctype, field_name = re.fullmatch(r"(.+?)\s*\b(\w+)", declaration).groups()
+            fields.append((ctype.strip(), field_name))
+    return fields
 
 
 def _parse_declarations() -> dict[str, tuple[str, list[str]]]:
@@ -122,6 +134,88 @@ def test_header_stage_defines_match_the_python_stage_table():
         if name.startswith("FERRUM_STAGE_")
     }
     assert stages == dict(STAGES)
+
+
+# ---- the general GEMM's struct and numbers (pure text, no library) --------------------
+
+LAUNCH_FIELDS = _header_struct("FerrumMarlinLaunch")
+ABI_DEFINE_PREFIXES = ("FERRUM_DTYPE_", "FERRUM_WEIGHT_", "FERRUM_MM_", "FERRUM_FP8_")
+
+
+def _struct_ctype(declaration: str) -> object:
+    """The ctypes type a header field type must map to."""
+    if declaration == "ferrum_stream_t":
+        return ctypes.c_void_p
+    if declaration in ("const int*", "int*"):
+        return ctypes.POINTER(ctypes.c_int)
+    if declaration.endswith("void*"):
+        return ctypes.c_void_p
+    return {"unsigned int": ctypes.c_uint, "int": ctypes.c_int, "size_t": ctypes.c_size_t}[declaration]
+
+
+def test_header_struct_parser_finds_the_launch_struct():
+    assert LAUNCH_FIELDS[:2] == [("unsigned int", "abi_version"), ("unsigned int", "struct_size")]
+    assert ("ferrum_stream_t", "stream") in LAUNCH_FIELDS
+    assert len(LAUNCH_FIELDS) == 31
+
+
+def test_launch_struct_fields_match_the_header_in_name_order_and_type():
+    mirrored = [(name, ctype) for name, ctype in _native.FerrumMarlinLaunch._fields_]
+    assert [name for name, _ in mirrored] == [name for _, name in LAUNCH_FIELDS]
+    for (declaration, name), (_, ctype) in zip(LAUNCH_FIELDS, mirrored):
+        assert ctype == _struct_ctype(declaration), f"{name}: header {declaration!r}, ctypes {ctype!r}"
+
+
+def test_ferrum_marlin_mm_takes_a_pointer_to_the_struct():
+    restype, argtypes = PROTOTYPES["ferrum_marlin_mm"]
+    assert restype is ctypes.c_int
+    assert argtypes == [ctypes.POINTER(_native.FerrumMarlinLaunch)]
+    assert DECLARATIONS["ferrum_marlin_mm"] == ("int", ["const FerrumMarlinLaunch* launch"])
+
+
+def test_every_general_gemm_define_is_mirrored_once_in_python():
+    from ferrum_ffi import _abi
+
+    defines = {name: value for name, value in _header_defines().items() if name.startswith(ABI_DEFINE_PREFIXES)}
+    assert len(defines) == 15, sorted(defines)
+    for name, value in defines.items():
+        assert getattr(_abi, name) == value, name
+    python_names = {name for name in vars(_abi) if name.startswith(ABI_DEFINE_PREFIXES)}
+    assert python_names == set(defines), "Python constants without a header define"
+
+
+def test_enums_carry_the_header_numbers():
+    from ferrum_ffi import _abi
+
+    defines = _header_defines()
+    for enum_type, prefix in ((_abi.ActivationType, "FERRUM_DTYPE_"), (_abi.WeightType, "FERRUM_WEIGHT_"),
+                              (_abi.MmFlag, "FERRUM_MM_FLAG_")):
+        members = {f"{prefix}{member.name}": int(member) for member in enum_type}
+        expected = {name: value for name, value in defines.items() if name.startswith(prefix)}
+        assert members == expected, enum_type
+    assert _abi.MM_FLAGS_KNOWN == sum(int(flag) for flag in _abi.MmFlag)
+
+
+def test_struct_offsets_and_size_match_a_c_compiler(tmp_path):
+    """The strongest check: the C compiler's own offsetof/sizeof against ctypes."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lines = [f'  printf("{name} %zu\\n", offsetof(FerrumMarlinLaunch, {name}));' for _, name in LAUNCH_FIELDS]
+    source = tmp_path / "layout.c"
+    source.write_text(
+        "#include <stdio.h>\n#include <stddef.h>\n#include \"ferrum_marlin.h\"\n"
+        "int main(void) {\n"
+        + "\n".join(lines)
+        + '\n  printf("sizeof %zu\\n", sizeof(FerrumMarlinLaunch));\n  return 0;\n}\n'
+    )
+    binary = tmp_path / "layout"
+    subprocess.run([cc, "-std=c99", "-I", str(HEADER.parent), str(source), "-o", str(binary)], check=True)
+    output = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
+    layout = dict(line.split() for line in output.splitlines())
+    for name, _ in _native.FerrumMarlinLaunch._fields_:
+        assert int(layout[name]) == getattr(_native.FerrumMarlinLaunch, name).offset, name
+    assert int(layout["sizeof"]) == ctypes.sizeof(_native.FerrumMarlinLaunch)
 
 
 # ---- the library -------------------------------------------------------------------
