@@ -1,6 +1,7 @@
 """Host-side weight formats: INT4 quantisation, the on-disk checkpoint layouts
 (GPTQ, AWQ, compressed-tensors pack-quantized, FP8-E4M3) and the Marlin
-layouts the kernels consume (see :mod:`.marlin` for why)."""
+layouts the kernels consume (see :mod:`.marlin` for why); :mod:`.prepare`
+turns each format into the host buffers of a general-GEMM weight."""
 
 from .awq import (
     awq_pack,
@@ -50,7 +51,16 @@ from .marlin import (
     marlin_unpack_zero_points,
     marlin_unpermute_scales,
 )
+from .prepare import (
+    PreparedLinear,
+    prepare_awq,
+    prepare_compressed_tensors,
+    prepare_float,
+    prepare_fp8,
+    prepare_gptq,
+)
 from .quantize import dequantize_int4_symmetric, quantize_int4_symmetric
+from .rtn import dequantize_rtn, quantize_rtn
 
 __all__ = [
     "marlin_pack_int4",
@@ -93,4 +103,12 @@ __all__ = [
     "prepare_block_fp8_weight_for_fp8_marlin",
     "quantize_int4_symmetric",
     "dequantize_int4_symmetric",
+    "quantize_rtn",
+    "dequantize_rtn",
+    "PreparedLinear",
+    "prepare_gptq",
+    "prepare_awq",
+    "prepare_compressed_tensors",
+    "prepare_fp8",
+    "prepare_float",
 ]

@@ -89,6 +89,7 @@ import numpy as np
 
 from ..status import ArgumentError
 from ._common import (
+    bfloat16_bits_to_float32,
     check_bits,
     check_codes,
     check_group_size,
@@ -98,6 +99,7 @@ from ._common import (
     check_scales,
     check_shape,
     check_size,
+    is_bfloat16,
     little_endian_bytes,
     pack_last_axis,
     to_float16_finite,
@@ -318,7 +320,22 @@ def marlin_unpack_int8(packed: np.ndarray, k: int, n: int) -> np.ndarray:
 
 
 def _scale_permutation(fn: str, scales: object, group_size: object, inverse: bool) -> np.ndarray:
+    scales = check_ndarray(fn, "scales", scales)
+    if is_bfloat16(scales.dtype):
+        # BF16 activations take BF16 scales: permuted as they are (as bit
+        # patterns), never through fp16, which would round and clip them.
+        check_ndim(fn, "scales", scales, 2)
+        bits16 = np.ascontiguousarray(scales).view(np.uint16)
+        if not np.isfinite(bfloat16_bits_to_float32(bits16)).all():
+            raise ArgumentError(f"{fn}: scales must be finite")
+        return _permute_scale_rows(fn, bits16, group_size, inverse).view(scales.dtype)
     scales = check_scales(fn, "scales", scales)
+    return _permute_scale_rows(fn, scales, group_size, inverse, to_fp16=True)
+
+
+def _permute_scale_rows(
+    fn: str, scales: np.ndarray, group_size: object, inverse: bool, to_fp16: bool = False
+) -> np.ndarray:
     group_size = check_group_size(fn, group_size)
     rows, n = scales.shape
     if group_size == -1:
@@ -332,19 +349,21 @@ def _scale_permutation(fn: str, scales: object, group_size: object, inverse: boo
         check_size(fn, "scales.shape[0]", rows)
         perm = _SCALE_UNPERM_GROUPED if inverse else _SCALE_PERM_GROUPED
     check_size(fn, "scales.shape[1]", n, CHUNK_COLUMNS)
-    s16 = to_float16_finite(fn, "scales", scales)
+    s16 = to_float16_finite(fn, "scales", scales) if to_fp16 else scales
     return s16.reshape(rows, n // perm.size, perm.size)[:, :, perm].reshape(rows, n)
 
 
 def marlin_permute_scales(scales: np.ndarray, group_size: int) -> np.ndarray:
     """Scales ``[K/group_size, N]`` (or ``[1, N]`` when ``group_size == -1``)
     -> fp16 of the same shape in the order the kernel loads them (module doc).
+    ml_dtypes ``bfloat16`` scales (for BF16 activations) stay bfloat16.
     N must be a multiple of 64, the kernel's column granularity."""
     return _scale_permutation("marlin_permute_scales", scales, group_size, inverse=False)
 
 
 def marlin_unpermute_scales(scales: np.ndarray, group_size: int) -> np.ndarray:
-    """Inverse of :func:`marlin_permute_scales` (fp16, same shape)."""
+    """Inverse of :func:`marlin_permute_scales` (fp16, or bfloat16 for
+    bfloat16 input; same shape)."""
     return _scale_permutation("marlin_unpermute_scales", scales, group_size, inverse=True)
 
 
