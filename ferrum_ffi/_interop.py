@@ -36,8 +36,10 @@ import numpy as np
 from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 
 __all__ = [
+    "Bfloat16Array",
     "DeviceArray",
     "as_device_array",
+    "bfloat16_view",
     "resolve_stream",
     "producer_streams_to_wait",
 ]
@@ -134,6 +136,8 @@ def _top_module(obj: object) -> str:
 
 
 def _detect_library(obj: object, fallback: str) -> str:
+    if isinstance(obj, Bfloat16Array):
+        obj = obj.base  # the view's storage decides streams and allocations
     return _LIBRARY_BY_TOP_MODULE.get(_top_module(obj), fallback)
 
 
@@ -167,7 +171,9 @@ def _cai_is_opaque(cai: object) -> bool:
         return False
 
 
-def _from_cai(obj: object, cai: object, name: str) -> DeviceArray:
+def _from_cai(obj: object, cai: object, name: str, declared: np.dtype | None = None) -> DeviceArray:
+    """``declared``: the element type the object itself reports for an opaque
+    2-byte CAI typestr (bfloat16, which the CAI cannot spell)."""
     if not isinstance(cai, dict):
         raise ArgumentTypeError(
             f"{name}: __cuda_array_interface__ must be a dict, got {_type_name(cai)}"
@@ -224,7 +230,9 @@ def _from_cai(obj: object, cai: object, name: str) -> DeviceArray:
         raise ArgumentError(
             f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is not in native byte order"
         )
-    if dtype.kind == "V":
+    if dtype.kind == "V" and declared is not None and dtype.itemsize == declared.itemsize:
+        dtype = declared
+    elif dtype.kind == "V":
         raise ArgumentError(
             f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is an opaque void type "
             f"(PyTorch exports bfloat16 this way); pass an object that also supports DLPack, "
@@ -716,9 +724,15 @@ def as_device_array(obj: Any, name: str, *, consumer_stream: int | None = -1) ->
         ) from exc
     has_dlpack = hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
     if cai is not _MISSING:
-        if has_dlpack and _cai_is_opaque(cai):
-            # e.g. a torch.bfloat16 tensor: CAI says '<V2', DLPack says bfloat16.
-            return _from_dlpack(obj, name, _check_consumer_stream(consumer_stream))
+        if _cai_is_opaque(cai):
+            declared = _declared_bfloat16(obj)
+            if declared is not None:
+                # A CuPy >= 14 bfloat16 array or a Bfloat16Array: the CAI says
+                # '<V2', the object's own dtype says bfloat16.
+                return _from_cai(obj, cai, name, declared)
+            if has_dlpack:
+                # e.g. a torch.bfloat16 tensor: CAI says '<V2', DLPack says bfloat16.
+                return _from_dlpack(obj, name, _check_consumer_stream(consumer_stream))
         return _from_cai(obj, cai, name)
 
     if has_dlpack:
@@ -728,6 +742,79 @@ def as_device_array(obj: Any, name: str, *, consumer_stream: int | None = -1) ->
         f"{name}: expected a CUDA array (__cuda_array_interface__ or DLPack), "
         f"got {_type_name(obj)}"
     )
+
+
+def _declared_bfloat16(obj: object) -> np.dtype | None:
+    """ml_dtypes' bfloat16 when ``obj.dtype`` is it (NumPy-style dtypes only:
+    a torch dtype is not one and takes the DLPack route)."""
+    try:
+        dtype = np.dtype(getattr(obj, "dtype"))
+    except Exception:
+        return None
+    return dtype if dtype.name == "bfloat16" and dtype.itemsize == 2 else None
+
+
+class Bfloat16Array:
+    """A bfloat16 view of a CUDA array of 2-byte elements holding bfloat16 bit
+    patterns (e.g. a CuPy ``uint16`` array), for array libraries that cannot
+    hold bfloat16 themselves (CuPy before 14, or without ml_dtypes).
+
+    It exposes the base array's ``__cuda_array_interface__`` with the opaque
+    typestr ``'<V2'`` and ``dtype`` bfloat16 (ml_dtypes), which is how
+    :func:`as_device_array` recognises bfloat16 on the CAI route. ``base`` is
+    the storage; streams and allocations follow its library.
+    """
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Any) -> None:
+        try:
+            cai = base.__cuda_array_interface__
+        except AttributeError:
+            raise ArgumentTypeError(
+                f"bfloat16_view: expected a CUDA array with __cuda_array_interface__, got {_type_name(base)}"
+            ) from None
+        try:
+            itemsize = np.dtype(cai["typestr"]).itemsize
+        except Exception:
+            itemsize = None
+        if itemsize != 2:
+            raise ArgumentTypeError(
+                f"bfloat16_view: the base array must have 2-byte elements (e.g. uint16), "
+                f"got typestr {cai.get('typestr')!r}"
+            )
+        self.base = base
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        cai = dict(self.base.__cuda_array_interface__)  # fresh: CuPy fills 'stream' per access
+        cai["typestr"] = "<V2"
+        cai["descr"] = [("", "<V2")]
+        return cai
+
+    @property
+    def dtype(self) -> np.dtype:
+        import ml_dtypes  # noqa: PLC0415 - optional dependency, needed only here
+
+        return np.dtype(ml_dtypes.bfloat16)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.base.__cuda_array_interface__["shape"])
+
+    @property
+    def device(self) -> Any:
+        return getattr(self.base, "device", None)
+
+    def __repr__(self) -> str:
+        return f"Bfloat16Array(shape={self.shape}, base={_type_name(self.base)})"
+
+
+def bfloat16_view(array: Any) -> Bfloat16Array:
+    """Reinterpret a CUDA array of bfloat16 bit patterns (2-byte elements, e.g.
+    CuPy ``uint16``) as bfloat16 for ferrum_ffi; no copy. ``view.base`` is the
+    array itself."""
+    return Bfloat16Array(array)
 
 
 def _stream_from_protocol(stream: object) -> int:
