@@ -12,6 +12,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._abi import (
+    FERRUM_DTYPE_BF16,
+    FERRUM_DTYPE_F16,
+    FERRUM_MM_C_TMP_FLOATS_PER_SM,
+    FERRUM_MM_FLAG_ACT_ORDER,
+    FERRUM_MM_FLAG_ATOMIC_ADD,
+    FERRUM_MM_FLAG_FP32_REDUCE,
+    FERRUM_MM_FLAG_HAS_ZERO_POINTS,
+    FERRUM_MM_FLAG_K_FULL,
+    FERRUM_MM_WORKSPACE_INTS_PER_SM,
+    FERRUM_WEIGHT_FE4M3FN,
+    FERRUM_WEIGHT_U4,
+    FERRUM_WEIGHT_U4B8,
+    FERRUM_WEIGHT_U8B128,
+    MM_FLAGS_KNOWN,
+)
 from ._interop import DeviceArray
 from .status import ArgumentError, ArgumentTypeError
 
@@ -216,3 +232,288 @@ def validate_expert_slice(
     if expert_offset + expert_n > total_n:
         fail(f"{entry}: expert_offset={expert_offset} + expert_n={expert_n} exceeds the stacked n={total_n}")
     return expert_offset // expert_n
+
+
+# ---- general Marlin GEMM (ferrum_marlin_mm) ----------------------------------------
+
+MM_ENTRY = "ferrum_marlin_mm"
+MM_INT_GROUP_SIZES = (-1, 32, 64, 128)
+MM_FP8_GROUP_SIZES = (-1, 128)
+# (thread_k, thread_n) tile overrides; (-1, -1) is automatic.
+MM_TILES = W4A16_TILES
+MM_DEEP_TILE_MAX_M = W4A16_DEEP_TILE_MAX_M
+U32_MAX = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class MmProblem:
+    """The problem, type and execution part of a ``ferrum_marlin_mm`` launch:
+    the struct's scalar fields under their header names (``device`` and the
+    stream travel with the call). :meth:`create` derives ``lda``,
+    ``num_groups`` and ``flags`` from the usual choices."""
+
+    m: int
+    n: int
+    k: int
+    lda: int
+    group_size: int
+    num_groups: int
+    a_type: int
+    b_type: int
+    flags: int
+    sms: int = -1
+    thread_k: int = -1
+    thread_n: int = -1
+
+    @classmethod
+    def create(
+        cls,
+        m: int,
+        n: int,
+        k: int,
+        a_type: int,
+        b_type: int,
+        group_size: int = -1,
+        *,
+        lda: int | None = None,
+        act_order: bool = False,
+        fp32_reduce: bool = False,
+        sms: int = -1,
+        thread_k: int = -1,
+        thread_n: int = -1,
+    ) -> "MmProblem":
+        """A problem with ``lda = k`` (dense rows) unless given, ``num_groups``
+        from ``group_size`` and the flags every valid launch of that kind
+        carries: K_FULL, HAS_ZERO_POINTS for U4, ACT_ORDER when asked, and
+        FP32_REDUCE or else ATOMIC_ADD."""
+        flags = FERRUM_MM_FLAG_K_FULL
+        if b_type == FERRUM_WEIGHT_U4:
+            flags |= FERRUM_MM_FLAG_HAS_ZERO_POINTS
+        if act_order:
+            flags |= FERRUM_MM_FLAG_ACT_ORDER
+        flags |= FERRUM_MM_FLAG_FP32_REDUCE if fp32_reduce else FERRUM_MM_FLAG_ATOMIC_ADD
+        # Nonsense values pass through unchanged for validate_mm to name.
+        grouped = isinstance(k, int) and isinstance(group_size, int) and group_size > 0
+        num_groups = k // group_size if grouped else 1
+        return cls(
+            m=m, n=n, k=k, lda=k if lda is None else lda, group_size=group_size, num_groups=num_groups,
+            a_type=a_type, b_type=b_type, flags=flags, sms=sms, thread_k=thread_k, thread_n=thread_n,
+        )
+
+    def has(self, flag: int) -> bool:
+        return bool(self.flags & flag)
+
+    @property
+    def weight_bits(self) -> int:
+        return 4 if self.b_type in (FERRUM_WEIGHT_U4, FERRUM_WEIGHT_U4B8) else 8
+
+    @property
+    def shape(self) -> dict[str, object]:
+        """What a NativeError reports about the call."""
+        return {
+            "m": self.m, "n": self.n, "k": self.k, "group_size": self.group_size,
+            "a_type": _A_TYPE_NAMES.get(self.a_type, self.a_type),
+            "b_type": _B_TYPE_NAMES.get(self.b_type, self.b_type),
+            "flags": f"{self.flags:#x}",
+        }
+
+
+_A_TYPE_NAMES = {FERRUM_DTYPE_F16: "F16", FERRUM_DTYPE_BF16: "BF16"}
+_B_TYPE_NAMES = {
+    FERRUM_WEIGHT_U4: "U4",
+    FERRUM_WEIGHT_U4B8: "U4B8",
+    FERRUM_WEIGHT_U8B128: "U8B128",
+    FERRUM_WEIGHT_FE4M3FN: "FE4M3FN",
+}
+_FLAG_NAMES = {
+    FERRUM_MM_FLAG_ACT_ORDER: "ACT_ORDER",
+    FERRUM_MM_FLAG_K_FULL: "K_FULL",
+    FERRUM_MM_FLAG_HAS_ZERO_POINTS: "HAS_ZERO_POINTS",
+    FERRUM_MM_FLAG_ATOMIC_ADD: "ATOMIC_ADD",
+    FERRUM_MM_FLAG_FP32_REDUCE: "FP32_REDUCE",
+}
+
+
+@dataclass(frozen=True)
+class MmBuffers:
+    """The device pointers of a launch (0 = NULL) and the capacities, in
+    bytes, of the scratch buffers the struct declares."""
+
+    a: int
+    b: int
+    c: int
+    b_scales: int
+    workspace: int
+    workspace_bytes: int
+    zero_points: int = 0
+    g_idx: int = 0
+    perm: int = 0
+    a_tmp: int = 0
+    a_tmp_bytes: int = 0
+    c_tmp: int = 0
+    c_tmp_bytes: int = 0
+    bias: int = 0
+    a_scales: int = 0
+
+
+def mm_workspace_ints(sms: int) -> int:
+    """Minimum lock count of a general-GEMM workspace for ``sms`` multiprocessors."""
+    return FERRUM_MM_WORKSPACE_INTS_PER_SM * sms
+
+
+def mm_c_tmp_floats(sms: int) -> int:
+    """Minimum fp32 count of the FP32_REDUCE scratch for ``sms`` multiprocessors."""
+    return FERRUM_MM_C_TMP_FLOATS_PER_SM * sms
+
+
+def _check_flags(entry: str, p: MmProblem) -> None:
+    unknown = p.flags & ~MM_FLAGS_KNOWN
+    if unknown:
+        fail(f"{entry}: flags={p.flags:#x} has unknown bits {unknown:#x} "
+             f"(known: {', '.join(_FLAG_NAMES.values())})")
+    if not p.has(FERRUM_MM_FLAG_K_FULL):
+        fail(f"{entry}: flags must set K_FULL: a K-sharded layer (K_FULL clear, act-order over a "
+             "shard of K) is not supported; gather the full K or run it without act-order")
+    is_u4 = p.b_type == FERRUM_WEIGHT_U4
+    if p.has(FERRUM_MM_FLAG_HAS_ZERO_POINTS) != is_u4:
+        fail(f"{entry}: flags HAS_ZERO_POINTS must be set exactly when b_type is U4 "
+             f"(b_type={_B_TYPE_NAMES[p.b_type]}, HAS_ZERO_POINTS "
+             f"{'set' if p.has(FERRUM_MM_FLAG_HAS_ZERO_POINTS) else 'clear'})")
+    if p.has(FERRUM_MM_FLAG_ACT_ORDER):
+        if p.b_type == FERRUM_WEIGHT_FE4M3FN:
+            fail(f"{entry}: flags ACT_ORDER needs an integer weight type, got b_type=FE4M3FN")
+        if p.group_size <= 0:
+            fail(f"{entry}: flags ACT_ORDER needs group_size > 0, got group_size={p.group_size}")
+    if p.has(FERRUM_MM_FLAG_ATOMIC_ADD) and p.has(FERRUM_MM_FLAG_FP32_REDUCE):
+        fail(f"{entry}: flags ATOMIC_ADD and FP32_REDUCE exclude each other")
+
+
+def validate_mm(problem: MmProblem, entry: str = MM_ENTRY) -> None:
+    """Every scalar rule of ``ferrum_marlin_mm`` (header section "General
+    Marlin GEMM"): types, shape, groups, flags, sms and tile override."""
+    p = problem
+    for name in ("m", "n", "k", "lda", "group_size", "num_groups", "a_type", "b_type",
+                 "sms", "thread_k", "thread_n"):
+        check_int(entry, name, getattr(p, name))
+    if isinstance(p.flags, bool) or not isinstance(p.flags, (int, np.integer)):
+        raise ArgumentTypeError(f"{entry}: flags must be an integer, got {type(p.flags).__name__}")
+    if not 0 <= int(p.flags) <= U32_MAX:
+        fail(f"{entry}: flags={int(p.flags)} does not fit in unsigned int")
+    if p.a_type not in _A_TYPE_NAMES:
+        fail(f"{entry}: a_type={p.a_type} must be FERRUM_DTYPE_F16 ({FERRUM_DTYPE_F16}) "
+             f"or FERRUM_DTYPE_BF16 ({FERRUM_DTYPE_BF16})")
+    if p.b_type not in _B_TYPE_NAMES:
+        fail(f"{entry}: b_type={p.b_type} must be one of "
+             + ", ".join(f"{name} ({value})" for value, name in _B_TYPE_NAMES.items()))
+    check_non_negative(entry, "m", p.m)
+    check_positive(entry, "n", p.n)
+    check_positive(entry, "k", p.k)
+    check_multiple(entry, "n", p.n, 64)
+    check_multiple(entry, "k", p.k, 128)
+    if p.lda < p.k:
+        fail(f"{entry}: lda={p.lda} must be >= k={p.k}")
+    check_multiple(entry, "lda", p.lda, 8)  # keeps every row of a 16-byte aligned
+    fp8 = p.b_type == FERRUM_WEIGHT_FE4M3FN
+    allowed = MM_FP8_GROUP_SIZES if fp8 else MM_INT_GROUP_SIZES
+    if p.group_size not in allowed:
+        fail(f"{entry}: group_size={p.group_size} must be one of {', '.join(map(str, allowed))} "
+             f"for b_type={_B_TYPE_NAMES[p.b_type]}")
+    if p.group_size != -1:
+        check_multiple(entry, "k", p.k, p.group_size)
+    groups = 1 if p.group_size == -1 else p.k // p.group_size
+    if p.num_groups != groups:
+        fail(f"{entry}: num_groups={p.num_groups} must be {groups} "
+             f"({'1 for channelwise' if p.group_size == -1 else f'k/group_size = {p.k}/{p.group_size}'})")
+    _check_flags(entry, p)
+    if p.sms != -1 and p.sms < 1:
+        fail(f"{entry}: sms={p.sms} must be -1 (all) or >= 1")
+    if (p.thread_k, p.thread_n) not in MM_TILES:
+        fail(
+            f"{entry}: (thread_k, thread_n)=({p.thread_k}, {p.thread_n}) must be one of "
+            f"{', '.join(str(t) for t in MM_TILES)}"
+        )
+    if p.thread_n != -1:
+        check_multiple(entry, "n", p.n, p.thread_n)
+        check_multiple(entry, "k", p.k, p.thread_k)
+    if (p.thread_k, p.thread_n) == (128, 256) and p.m > MM_DEEP_TILE_MAX_M:
+        fail(f"{entry}: tile (thread_k=128, thread_n=256) serves m <= {MM_DEEP_TILE_MAX_M}, got m={p.m}")
+    mm_spans(p, 1, entry)  # refuses sizes that overflow before anything is allocated
+
+
+def mm_spans(problem: MmProblem, sms: int, entry: str = MM_ENTRY) -> dict[str, int]:
+    """Bytes each buffer must hold from its pointer on, for ``sms``
+    multiprocessors (``problem.sms`` resolved); buffers the problem does not
+    use are absent."""
+    p = problem
+    item = 2  # F16 and BF16 alike
+    spans = {
+        "a": 0 if p.m == 0 else checked_product(entry, "a", (p.m - 1) * p.lda + p.k, item),
+        "b": checked_product(entry, "b", p.k // 16, p.weight_bits // 2 * p.n, 4),
+        "c": checked_product(entry, "c", p.m, p.n, item),
+        "b_scales": checked_product(entry, "b_scales", p.num_groups, p.n, item),
+        "workspace": checked_product(entry, "workspace", mm_workspace_ints(sms), 4),
+        "bias": p.n * item,
+    }
+    if p.has(FERRUM_MM_FLAG_HAS_ZERO_POINTS):
+        spans["zero_points"] = checked_product(entry, "zero_points", p.num_groups, p.n // 8, 4)
+    if p.has(FERRUM_MM_FLAG_ACT_ORDER):
+        spans["g_idx"] = p.k * 4
+        spans["perm"] = p.k * 4
+        spans["a_tmp"] = checked_product(entry, "a_tmp", p.m, p.k, item)
+    if p.has(FERRUM_MM_FLAG_FP32_REDUCE):
+        spans["c_tmp"] = checked_product(entry, "c_tmp", mm_c_tmp_floats(sms), 4)
+    return spans
+
+
+# (name, alignment) of every pointer of the struct except a_scales.
+_MM_POINTER_ALIGNMENT = (
+    ("a", 16), ("b", 16), ("c", 16), ("b_scales", 16), ("zero_points", 16), ("a_tmp", 16),
+    ("c_tmp", 16), ("bias", 16), ("g_idx", 4), ("perm", 4), ("workspace", 4),
+)
+
+
+def _present_exactly_when(entry: str, name: str, ptr: int, needed: bool, why: str) -> None:
+    if needed and not ptr:
+        fail(f"{entry}: {name} pointer must not be null when {why}")
+    if not needed and ptr:
+        fail(f"{entry}: {name} pointer must be null unless {why}")
+
+
+def validate_mm_buffers(problem: MmProblem, buffers: MmBuffers, sms: int, entry: str = MM_ENTRY) -> None:
+    """The pointer rules of ``ferrum_marlin_mm`` for a problem that passed
+    :func:`validate_mm`: which pointers must be set or null, their alignment,
+    and the declared capacities of workspace, c_tmp and a_tmp for ``sms``
+    multiprocessors (``problem.sms`` resolved)."""
+    p, bufs = problem, buffers
+    for name, _ in _MM_POINTER_ALIGNMENT + (("a_scales", 1),):
+        value = getattr(bufs, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**64:
+            raise ArgumentTypeError(f"{entry}: {name} must be a device pointer (an int in 0..2**64-1), got {value!r}")
+    for name in ("workspace_bytes", "a_tmp_bytes", "c_tmp_bytes"):
+        value = getattr(bufs, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ArgumentTypeError(f"{entry}: {name} must be an integer, got {type(value).__name__}")
+        check_non_negative(entry, name, int(value))
+    for name in ("a", "b", "c", "b_scales", "workspace"):
+        if not getattr(bufs, name):
+            fail(f"{entry}: {name} pointer must not be null")
+    _present_exactly_when(entry, "zero_points", bufs.zero_points, p.has(FERRUM_MM_FLAG_HAS_ZERO_POINTS),
+                          "flags has HAS_ZERO_POINTS (b_type U4)")
+    act_order = p.has(FERRUM_MM_FLAG_ACT_ORDER)
+    for name in ("g_idx", "perm", "a_tmp"):
+        _present_exactly_when(entry, name, getattr(bufs, name), act_order, "flags has ACT_ORDER")
+    _present_exactly_when(entry, "c_tmp", bufs.c_tmp, p.has(FERRUM_MM_FLAG_FP32_REDUCE), "flags has FP32_REDUCE")
+    if bufs.a_scales:
+        fail(f"{entry}: a_scales pointer is reserved and must be null")
+    for name, alignment in _MM_POINTER_ALIGNMENT:
+        ptr = getattr(bufs, name)
+        if ptr and ptr % alignment:
+            fail(f"{entry}: {name} pointer {ptr:#x} must be {alignment}-byte aligned")
+    check_int(entry, "sms (resolved)", sms)
+    check_positive(entry, "sms (resolved)", sms)
+    spans = mm_spans(p, sms, entry)
+    check_span(entry, "workspace (workspace_bytes)", bufs.workspace_bytes, spans["workspace"])
+    if act_order:
+        check_span(entry, "a_tmp (a_tmp_bytes)", bufs.a_tmp_bytes, spans["a_tmp"])
+    if p.has(FERRUM_MM_FLAG_FP32_REDUCE):
+        check_span(entry, "c_tmp (c_tmp_bytes)", bufs.c_tmp_bytes, spans["c_tmp"])

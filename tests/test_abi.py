@@ -567,3 +567,131 @@ def test_runtime_helpers_without_a_gpu_return_staged_statuses(lib, no_gpu):
         assert status.stage in STAGES, (helper, status)
         assert status.cuda_status != 0, helper
         assert lib.last_error(), helper
+
+
+# ---- ferrum_marlin_mm's own checks (before any device query) ------------------------
+
+from ferrum_ffi import _abi  # noqa: E402
+from ferrum_ffi.mm import launch_marlin_mm  # noqa: E402
+from ferrum_ffi.validation import MmProblem, validate_mm  # noqa: E402
+
+MM_GOOD = dict(
+    abi_version=_abi.FERRUM_MM_LAUNCH_VERSION, struct_size=ctypes.sizeof(_native.FerrumMarlinLaunch),
+    a=0x1000, b=0x2000, c=0x3000, c_tmp=None, b_scales=0x4000, zero_points=None, g_idx=None, perm=None,
+    a_tmp=None, workspace=0x5000, a_scales=None, bias=None, workspace_bytes=1 << 20, c_tmp_bytes=0,
+    a_tmp_bytes=0, m=16, n=256, k=256, lda=256, num_groups=2, group_size=128, a_type=_abi.FERRUM_DTYPE_F16,
+    b_type=_abi.FERRUM_WEIGHT_U4B8, device=0, sms=-1, stream=None,
+    flags=_abi.FERRUM_MM_FLAG_K_FULL | _abi.FERRUM_MM_FLAG_ATOMIC_ADD, thread_k=-1, thread_n=-1,
+)
+_INT_P = ctypes.POINTER(ctypes.c_int)
+
+
+def mm_struct(**changes) -> "_native.FerrumMarlinLaunch":
+    launch = _native.FerrumMarlinLaunch()
+    for name, value in {**MM_GOOD, **changes}.items():
+        if name in ("g_idx", "perm") and value:
+            value = ctypes.cast(ctypes.c_void_p(value), _INT_P)
+        setattr(launch, name, value)
+    return launch
+
+
+def call_mm(lib, **changes) -> tuple[StagedNativeStatus | None, str]:
+    code = lib.ferrum_marlin_mm(ctypes.byref(mm_struct(**changes)))
+    return StagedNativeStatus.decode(code), lib.last_error()
+
+
+def test_mm_table_names_every_struct_field():
+    assert list(MM_GOOD) == [name for _, name in LAUNCH_FIELDS]
+
+
+def test_mm_null_launch_is_an_argument_error(lib):
+    status = StagedNativeStatus.decode(lib.ferrum_marlin_mm(None))
+    _expect(status, 7)
+    assert "launch" in lib.last_error()
+
+
+def test_mm_unknown_abi_version_is_refused(lib):
+    status, message = call_mm(lib, abi_version=_abi.FERRUM_MM_LAUNCH_VERSION + 1)
+    _expect(status, 7)
+    assert "abi_version" in message
+
+
+def test_mm_too_small_struct_size_is_refused(lib):
+    status, message = call_mm(lib, struct_size=ctypes.sizeof(_native.FerrumMarlinLaunch) - 4)
+    _expect(status, 7)
+    assert "struct_size" in message
+
+
+def test_mm_m_zero_is_a_no_op_even_with_null_pointers(lib):
+    status, message = call_mm(lib, m=0, a=None, b=None, c=None, b_scales=None, workspace=None)
+    assert status is None and message == ""
+
+
+def _problem_of(changes: dict) -> MmProblem:
+    fields = {**MM_GOOD, **changes}
+    return MmProblem(**{name: fields[name] for name in MmProblem.__dataclass_fields__})
+
+
+# Struct changes that break one rule of the header each; Python and the library
+# must both refuse them (the library before touching a device: stage 7 or 8).
+MM_BAD = {
+    "a_type": dict(a_type=3),
+    "b_type": dict(b_type=9),
+    "unknown_flag": dict(flags=MM_GOOD["flags"] | 0x40),
+    "m": dict(m=-1),
+    "n": dict(n=96),
+    "k": dict(k=192, lda=192, num_groups=1, group_size=-1),
+    "lda_small": dict(lda=248),
+    "lda_odd": dict(lda=260),
+    "group_size": dict(group_size=256, num_groups=1),
+    "fp8_group_size": dict(b_type=_abi.FERRUM_WEIGHT_FE4M3FN, group_size=64, num_groups=4),
+    "num_groups": dict(num_groups=3),
+    "zero_point_flag": dict(flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_HAS_ZERO_POINTS),
+    "u4_without_flag": dict(b_type=_abi.FERRUM_WEIGHT_U4, zero_points=0x6000),
+    "k_full_clear": dict(flags=_abi.FERRUM_MM_FLAG_ATOMIC_ADD),
+    "both_reductions": dict(flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_FP32_REDUCE, c_tmp=0x7000, c_tmp_bytes=1 << 30),
+    "act_order_fp8": dict(b_type=_abi.FERRUM_WEIGHT_FE4M3FN, g_idx=0x8000, perm=0x9000, a_tmp=0xA000,
+                          a_tmp_bytes=1 << 20, flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_ACT_ORDER),
+    "act_order_channelwise": dict(group_size=-1, num_groups=1, g_idx=0x8000, perm=0x9000, a_tmp=0xA000,
+                                  a_tmp_bytes=1 << 20, flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_ACT_ORDER),
+    "sms": dict(sms=0),
+    "tile": dict(thread_k=64, thread_n=64),
+    "deep_tile_tall": dict(thread_k=128, thread_n=256, m=17),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MM_BAD))
+def test_python_and_library_refuse_the_same_problems(lib, case):
+    with pytest.raises((ferrum_ffi.ArgumentError, ferrum_ffi.ArgumentTypeError)):
+        validate_mm(_problem_of(MM_BAD[case]))
+    status, message = call_mm(lib, **MM_BAD[case])
+    assert status is not None and status.stage in (7, 8), (case, status)
+    assert message.startswith("ferrum_marlin_mm")
+
+
+@pytest.mark.parametrize(
+    "changes, text",
+    [(dict(a_scales=0xB000), "a_scales"), (dict(c_tmp=0xB000), "c_tmp"), (dict(g_idx=0xB000), "g_idx"),
+     (dict(b=0x2008), "b"), (dict(workspace=None), "workspace"), (dict(bias=0x1008), "bias")],
+)
+def test_mm_buffer_rules_are_refused_natively(lib, changes, text):
+    status, message = call_mm(lib, **changes)
+    assert status is not None and status.stage in (7, 8), status
+    assert text in message
+
+
+def test_mm_without_a_gpu_returns_a_staged_status(lib, no_gpu):
+    status, message = call_mm(lib)
+    assert status is not None and status.stage in (1, 9), status
+    assert message
+
+
+def test_launch_marlin_mm_without_a_gpu_raises_native_error(lib, no_gpu):
+    problem = MmProblem.create(16, 256, 256, _abi.FERRUM_DTYPE_BF16, _abi.FERRUM_WEIGHT_U4B8, 128, sms=4)
+    with pytest.raises(NativeError) as info:
+        launch_marlin_mm(problem, a=0x1000, b=0x2000, c=0x3000, b_scales=0x4000,
+                         workspace=0x5000, workspace_bytes=64)
+    err = info.value
+    assert err.entry_point == "ferrum_marlin_mm"
+    assert err.stage in (1, 9)
+    assert err.shape["b_type"] == "U4B8" and err.shape["a_type"] == "BF16"
