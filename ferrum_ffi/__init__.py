@@ -4,6 +4,8 @@ The native library (libferrum_marlin.so) is loaded on first use; everything in
 ``ferrum_ffi.formats`` and ``ferrum_ffi.validation`` works without a GPU.
 """
 
+from ._abi import ActivationType, MmFlag, WeightType
+from ._interop import Bfloat16Array, bfloat16_view
 from ._native import ABI_VERSION, device_count, library
 from .dense import (
     MarlinWeight,
@@ -18,6 +20,8 @@ from .formats import (
     repack_marlin_to_gptq,
     repack_scales_to_marlin,
 )
+from .general_gemm import linear, release_scratch
+from .mm import launch_marlin_mm
 from .profile import drain_profile, profile_label, record_gather, runtime_config
 from .status import (
     ArgumentError,
@@ -27,30 +31,41 @@ from .status import (
     NativeError,
     StagedNativeStatus,
 )
-from .validation import W4A16Problem
+from .validation import MmProblem, W4A16Problem
+from .weights import MarlinLinearWeight
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ABI_VERSION",
+    "ActivationType",
     "ArgumentError",
     "ArgumentTypeError",
+    "Bfloat16Array",
     "FerrumError",
     "LibraryError",
+    "MarlinLinearWeight",
     "MarlinWeight",
+    "MmFlag",
+    "MmProblem",
     "NativeError",
     "StagedNativeStatus",
     "W4A16Problem",
+    "WeightType",
+    "bfloat16_view",
     "device_count",
     "drain_profile",
     "launch_marlin_cuda",
+    "launch_marlin_mm",
     "library",
+    "linear",
     "marlin_gemm",
     "marlin_gemm_with_offset",
     "marlin_gemm_with_offset_strided",
     "permute_gptq_qweight_rows",
     "profile_label",
     "record_gather",
+    "release_scratch",
     "repack_gptq_to_marlin",
     "repack_marlin_to_gptq",
     "repack_scales_to_marlin",

@@ -1,14 +1,15 @@
 """Stand-ins for the CPU tests of the general GEMM: device arrays that are only
-a ``__cuda_array_interface__`` and a library that records the launch struct
-instead of running it."""
+a ``__cuda_array_interface__``, host-backed ones whose bytes tests can read,
+and a library that records the launch struct instead of running it."""
 
 from __future__ import annotations
 
 import ctypes
 from types import SimpleNamespace
 
+import numpy as np
 
-from ferrum_ffi import mm
+from ferrum_ffi import _devices, _scratch, general_gemm, mm, weights
 from ferrum_ffi._native import FerrumMarlinLaunch, NativeLibrary
 
 
@@ -31,6 +32,38 @@ class FakeCAI:
         }
         if dtype is not None:
             self.dtype = dtype  # how a CuPy >= 14 bfloat16 array declares itself
+
+
+def bf16_cai(shape, **kwargs):
+    """A CuPy-14-style bfloat16 array: CAI '<V2' plus a bfloat16 ``dtype``."""
+    import ml_dtypes
+
+    return FakeCAI(shape, "<V2", dtype=np.dtype(ml_dtypes.bfloat16), **kwargs)
+
+
+class HostCAI:
+    """A host NumPy array dressed as a device array (16-byte aligned copy), so
+    that weight objects can be built and their buffers read back on the CPU."""
+
+    def __init__(self, host: np.ndarray):
+        host = np.ascontiguousarray(host)
+        raw = np.empty(host.nbytes + 16, dtype=np.uint8)
+        offset = (-raw.ctypes.data) % 16
+        self.array = raw[offset : offset + host.nbytes].view(host.dtype).reshape(host.shape)
+        self.array[...] = host
+        self.dtype = host.dtype
+        typestr = "<V2" if host.dtype.name == "bfloat16" else host.dtype.str
+        self.__cuda_array_interface__ = {
+            "version": 3,
+            "shape": host.shape,
+            "typestr": typestr,
+            "data": (self.array.ctypes.data, False),
+            "strides": None,
+        }
+
+
+def host_cai(host: np.ndarray) -> HostCAI:
+    return HostCAI(host)
 
 
 def launch_fields(launch: FerrumMarlinLaunch) -> dict:
@@ -84,4 +117,28 @@ def install_library(monkeypatch, lib: FakeLibrary | None = None) -> FakeLibrary:
     lib = lib or FakeLibrary()
     monkeypatch.setattr(mm, "library", lambda: lib)
     monkeypatch.setattr(mm, "_sm_counts", {})
+    return lib
+
+
+def install(monkeypatch, lib: FakeLibrary | None = None) -> FakeLibrary:
+    """Route every module of the general GEMM to ``lib`` and to fake
+    allocations (FakeCAI) on device 0."""
+    lib = install_library(monkeypatch, lib)
+    for module in (general_gemm, _scratch, _devices):
+        monkeypatch.setattr(module, "library", lambda: lib)
+    monkeypatch.setattr(_scratch, "_cache", {})
+    allocations = []
+
+    def fake_allocate(like, view, shape, dtype, device, stream=None):
+        dtype = np.dtype(dtype)
+        array = FakeCAI(shape, "<V2" if dtype.name == "bfloat16" else dtype.str,
+                        dtype=dtype if dtype.name == "bfloat16" else None)
+        allocations.append((shape, dtype, stream))
+        return array
+
+    monkeypatch.setattr(_scratch, "allocate", fake_allocate)
+    monkeypatch.setattr(general_gemm, "allocate", fake_allocate)
+    monkeypatch.setattr(general_gemm, "device_of", lambda obj, view: 0)
+    monkeypatch.setattr(weights, "device_of", lambda obj, view: 0)
+    lib.allocations = allocations
     return lib

@@ -1,0 +1,94 @@
+"""Scratch buffers of the general GEMM, kept per (device, stream).
+
+``ferrum_marlin_mm`` needs a lock workspace (int32, zero on entry, left zero),
+for FP32_REDUCE an fp32 ``c_tmp``, and for act-order an ``a_tmp`` the
+activations are gathered into. Two launches in flight on different streams
+must not share them, launches on one stream may (the stream orders them), so
+they are cached per ``(device, stream)`` and grown on demand: after the first
+call of a given size nothing is allocated, which keeps ``linear`` capturable
+in a CUDA graph once warmed up.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._devices import allocate
+from ._interop import Bfloat16Array, DeviceArray, as_device_array
+from ._native import library
+
+# Every scratch buffer is handed out 16-byte aligned, so sizes round up to 16 bytes.
+_ALIGN = 16
+
+
+@dataclass
+class _Buffer:
+    array: Any = None
+    view: DeviceArray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.view is None else self.view.nbytes
+
+    @property
+    def ptr(self) -> int:
+        return 0 if self.view is None else self.view.ptr
+
+
+@dataclass
+class Scratch:
+    workspace: _Buffer = field(default_factory=_Buffer)
+    c_tmp: _Buffer = field(default_factory=_Buffer)
+    a_tmp: _Buffer = field(default_factory=_Buffer)
+
+
+_cache: dict[tuple[int, int], Scratch] = {}
+_lock = threading.Lock()
+
+
+def _grow(buffer: _Buffer, nbytes: int, dtype: np.dtype, like: Any, device: int, stream: int) -> bool:
+    """Make ``buffer`` hold at least ``nbytes``; True when it was (re)allocated."""
+    if buffer.nbytes >= nbytes:
+        return False
+    dtype = np.dtype(dtype)
+    count = -(-max(nbytes, _ALIGN) // _ALIGN) * (_ALIGN // dtype.itemsize)
+    array = allocate(like, None, (count,), dtype, device, stream)
+    buffer.array, buffer.view = array, as_device_array(array, "scratch")
+    return True
+
+
+def scratch_for(
+    device: int,
+    stream: int,
+    like: Any,
+    *,
+    workspace_bytes: int,
+    c_tmp_bytes: int = 0,
+    a_tmp_bytes: int = 0,
+) -> Scratch:
+    """The ``(device, stream)`` scratch, grown to the requested sizes. A new
+    workspace is zeroed on ``stream`` (before the kernel that reads it)."""
+    key = (int(device), 1 if stream in (0, 1) else int(stream))  # 0 and 1: the legacy default stream
+    if isinstance(like, Bfloat16Array):
+        like = like.base  # scratch is int32/fp32: allocate in the storage's library, unwrapped
+    with _lock:
+        scratch = _cache.setdefault(key, Scratch())
+        if _grow(scratch.workspace, workspace_bytes, np.int32, like, device, stream):
+            lib = library()
+            code = lib.ferrum_marlin_memset_async(scratch.workspace.ptr, 0, scratch.workspace.nbytes, stream)
+            lib.check("ferrum_marlin_memset_async", code)
+        if c_tmp_bytes:
+            _grow(scratch.c_tmp, c_tmp_bytes, np.float32, like, device, stream)
+        if a_tmp_bytes:
+            _grow(scratch.a_tmp, a_tmp_bytes, np.int32, like, device, stream)
+        return scratch
+
+
+def release_scratch() -> None:
+    """Drop every cached scratch buffer (call when no launch is in flight)."""
+    with _lock:
+        _cache.clear()

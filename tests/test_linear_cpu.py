@@ -1,0 +1,212 @@
+"""``linear()`` on the CPU: every argument rule before the native call, and the
+launch struct it fills (a fake library records it), plus how bfloat16 arrays
+are recognised."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ferrum_ffi as ff
+from ferrum_ffi import WeightType
+from ferrum_ffi._abi import (
+    FERRUM_MM_C_TMP_FLOATS_PER_SM,
+    FERRUM_MM_FLAG_ACT_ORDER,
+    FERRUM_MM_FLAG_ATOMIC_ADD,
+    FERRUM_MM_FLAG_FP32_REDUCE,
+    FERRUM_MM_FLAG_HAS_ZERO_POINTS,
+    FERRUM_MM_FLAG_K_FULL,
+    FERRUM_MM_WORKSPACE_INTS_PER_SM,
+)
+from ferrum_ffi._interop import as_device_array
+from ferrum_ffi.status import ArgumentError, ArgumentTypeError, NativeError
+
+from . import mm_fakes
+from .mm_fakes import FakeCAI, bf16_cai
+
+BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+K, N, SMS = 256, 128, 132
+
+
+@pytest.fixture
+def lib(monkeypatch):
+    return mm_fakes.install(monkeypatch, mm_fakes.FakeLibrary(sms=SMS))
+
+
+def weight(b_type=WeightType.U4B8, group_size=128, act_order=False, bf16=False, n=N):
+    bits = 4 if b_type in (WeightType.U4, WeightType.U4B8) else 8
+    groups = 1 if group_size == -1 else K // group_size
+    scales = bf16_cai((groups, n)) if bf16 else FakeCAI((groups, n), "<f2")
+    return ff.MarlinLinearWeight(
+        b=FakeCAI((K // 16, bits // 2 * n), "<i4"),
+        scales=scales,
+        k=K, n=n, group_size=group_size, b_type=b_type, dtype=BF16 if bf16 else np.float16,
+        zero_points=FakeCAI((groups, n // 8), "<i4") if b_type is WeightType.U4 else None,
+        g_idx=FakeCAI((K,), "<i4") if act_order else None,
+        perm=FakeCAI((K,), "<i4") if act_order else None,
+    )
+
+
+def x16(m, k=K, **kwargs):
+    return FakeCAI((m, k), "<f2", **kwargs)
+
+
+# ---- the struct linear() fills -------------------------------------------------------------
+
+
+def test_plain_call_fills_the_struct(lib):
+    w = weight()
+    x, out = x16(5), FakeCAI((5, N), "<f2")
+    assert ff.linear(x, w, out=out, stream=7) is out
+    (f,) = lib.launches
+    assert (f["m"], f["n"], f["k"], f["lda"], f["group_size"], f["num_groups"]) == (5, N, K, K, 128, 2)
+    assert (f["a_type"], f["b_type"]) == (1, int(WeightType.U4B8))
+    assert f["flags"] == FERRUM_MM_FLAG_K_FULL | FERRUM_MM_FLAG_ATOMIC_ADD
+    assert f["a"] == x.__cuda_array_interface__["data"][0]
+    assert f["c"] == out.__cuda_array_interface__["data"][0]
+    assert f["b"] == w.b.__cuda_array_interface__["data"][0]
+    assert f["b_scales"] == w.scales.__cuda_array_interface__["data"][0]
+    assert f["zero_points"] == f["g_idx"] == f["perm"] == f["a_tmp"] == f["c_tmp"] == f["bias"] == f["a_scales"] == 0
+    assert f["workspace_bytes"] >= FERRUM_MM_WORKSPACE_INTS_PER_SM * SMS * 4
+    assert (f["stream"], f["device"], f["sms"], f["thread_k"], f["thread_n"]) == (7, 0, -1, -1, -1)
+    # the workspace is zeroed on the launch stream before the kernel (once when new, once per call)
+    assert lib.memsets[-1] == (f["workspace"], 0, f["workspace_bytes"], 7)
+
+
+def test_zero_points_act_order_fp32_reduce_and_bias(lib):
+    w = weight(WeightType.U4, 64, act_order=True, bf16=True)
+    x, bias = bf16_cai((3, K)), bf16_cai((N,))
+    out = ff.linear(x, w, bias=bias, fp32_reduce=True)
+    assert as_device_array(out, "out").dtype == BF16 and as_device_array(out, "out").shape == (3, N)
+    (f,) = lib.launches
+    assert f["flags"] == (FERRUM_MM_FLAG_K_FULL | FERRUM_MM_FLAG_HAS_ZERO_POINTS | FERRUM_MM_FLAG_ACT_ORDER
+                          | FERRUM_MM_FLAG_FP32_REDUCE)
+    assert f["a_type"] == 2 and f["b_type"] == int(WeightType.U4)
+    assert f["zero_points"] == w.zero_points.__cuda_array_interface__["data"][0]
+    assert f["g_idx"] == w.g_idx.__cuda_array_interface__["data"][0]
+    assert f["perm"] == w.perm.__cuda_array_interface__["data"][0]
+    assert f["bias"] == bias.__cuda_array_interface__["data"][0]
+    assert f["a_tmp"] and f["a_tmp_bytes"] >= 3 * K * 2
+    assert f["c_tmp"] and f["c_tmp_bytes"] >= FERRUM_MM_C_TMP_FLOATS_PER_SM * SMS * 4
+
+
+def test_scratch_is_cached_per_stream_and_grown_on_demand(lib):
+    w = weight(act_order=True)
+    ff.linear(x16(4), w, stream=5)
+    ff.linear(x16(2), w, stream=5)
+    ff.linear(x16(4), w, stream=6)
+    first, second, other = lib.launches
+    assert first["workspace"] == second["workspace"] != other["workspace"]
+    assert first["a_tmp"] == second["a_tmp"] != other["a_tmp"]
+    ff.linear(x16(64), w, stream=5)  # a bigger gather buffer replaces the small one
+    assert lib.launches[-1]["a_tmp"] != first["a_tmp"] and lib.launches[-1]["a_tmp_bytes"] >= 64 * K * 2
+    scratch = [stream for _, dtype, stream in lib.allocations if dtype != np.float16]  # not the outputs
+    assert scratch and all(stream in (5, 6) for stream in scratch)  # allocated on the launch stream
+
+
+def test_row_stride_becomes_lda(lib):
+    ff.linear(x16(4, strides=(2 * 264, 2)), weight())
+    assert lib.launches[-1]["lda"] == 264
+
+
+def test_leading_dimensions_are_rows(lib):
+    x = FakeCAI((2, 3, K), "<f2")
+    out = ff.linear(x, weight())
+    assert as_device_array(out, "out").shape == (2, 3, N)
+    assert lib.launches[-1]["m"] == 6
+    out = ff.linear(FakeCAI((K,), "<f2"), weight())
+    assert as_device_array(out, "out").shape == (N,) and lib.launches[-1]["m"] == 1
+
+
+def test_m_zero_returns_an_empty_output_without_the_library(lib):
+    out = ff.linear(x16(0), weight())
+    assert as_device_array(out, "out").shape == (0, N)
+    assert lib.launches == [] and lib.memsets == []
+
+
+def test_overrides_reach_the_struct(lib):
+    ff.linear(x16(16), weight(), thread_k=128, thread_n=64, sms=3)
+    f = lib.launches[-1]
+    assert (f["thread_k"], f["thread_n"], f["sms"]) == (128, 64, 3)
+    assert f["workspace_bytes"] >= FERRUM_MM_WORKSPACE_INTS_PER_SM * 3 * 4
+
+
+def test_native_failure_names_linear(lib):
+    lib.status = (6 << 16) | 719
+    lib.detail = "launch failed"
+    with pytest.raises(NativeError) as info:
+        ff.linear(x16(2), weight())
+    assert info.value.entry_point == "linear" and info.value.stage_name == "kernel-launch"
+    assert info.value.shape["b_type"] == "U4B8"
+
+
+# ---- rules, before anything native -------------------------------------------------------------
+
+
+def rejects(match, exc=ArgumentError, **kwargs):
+    call = dict(x=x16(4), weight=weight())
+    call.update(kwargs)
+    with pytest.raises(exc, match=match):
+        ff.linear(**call)
+
+
+def test_weight_must_be_a_linear_weight(lib):
+    rejects(r"linear: weight must be a MarlinLinearWeight", ArgumentTypeError, weight=object())
+
+
+def test_x_dtype_must_be_the_weights(lib):
+    rejects(r"linear: x must have dtype float16 .* got bfloat16", ArgumentTypeError, x=bf16_cai((4, K)))
+    rejects(r"linear: x must have dtype bfloat16 .* got float16", ArgumentTypeError, weight=weight(bf16=True))
+    rejects(r"x must have dtype float16 .* got uint16", ArgumentTypeError, x=FakeCAI((4, K), "<u2"))
+
+
+def test_x_columns_must_be_k(lib):
+    rejects(r"x has 128 columns \(last dimension\), the weight has k=256", x=x16(4, k=128))
+
+
+def test_x_layout(lib):
+    strided_3d = FakeCAI((2, 3, K), "<f2", strides=(4 * K * 2, K * 2 * 2, 2))
+    rejects(r"x must be C-contiguous, or 2-D with unit column stride", x=strided_3d)
+    rejects(r"x must be C-contiguous, or 2-D with unit column stride", x=x16(4, strides=(K * 2, 4)))
+    rejects(r"linear: lda=260 must be divisible by 8", x=x16(4, strides=(260 * 2, 2)))
+    rejects(r"x pointer 0x[0-9a-f]+ must be 16-byte aligned", x=x16(4, ptr=0x10008))
+    rejects(r"x must have at least one dimension", x=FakeCAI((), "<f2"))
+
+
+def test_bias_rules(lib):
+    rejects(r"bias must have shape \(128,\)", bias=FakeCAI((N + 64,), "<f2"))
+    rejects(r"bias must have dtype float16", ArgumentTypeError, bias=FakeCAI((N,), "<f4"))
+    rejects(r"bias pointer 0x[0-9a-f]+ must be 16-byte aligned", bias=FakeCAI((N,), "<f2", ptr=0x20004))
+
+
+def test_out_rules(lib):
+    rejects(r"out must have shape \(4, 128\)", out=FakeCAI((4, N + 64), "<f2"))
+    rejects(r"out must have dtype float16", ArgumentTypeError, out=FakeCAI((4, N), "<f4"))
+    rejects(r"out is read-only", out=FakeCAI((4, N), "<f2", readonly=True))
+    rejects(r"out must be C-contiguous", out=FakeCAI((4, N), "<f2", strides=(N * 4, 2)))
+
+
+def test_call_options(lib):
+    rejects(r"fp32_reduce must be a bool", ArgumentTypeError, fp32_reduce=1)
+    rejects(r"tile \(thread_k=128, thread_n=256\) serves m <= 16, got m=17",
+            x=x16(17), thread_k=128, thread_n=256, weight=weight(n=256))
+    rejects(r"\(thread_k, thread_n\)=\(64, 64\) must be one of", thread_k=64, thread_n=64)
+    rejects(r"linear: sms=0 must be -1", sms=0)
+    assert lib.launches == []
+
+
+def test_x_on_another_device_is_rejected(lib, monkeypatch):
+    from ferrum_ffi import general_gemm
+
+    monkeypatch.setattr(general_gemm, "device_of", lambda obj, view: 1)
+    rejects(r"x is on device 1, the weight on device 0")
+
+
+# ---- bfloat16 arrays ------------------------------------------------------------------------------
+
+
+def test_linear_on_a_bfloat16_view_returns_one(lib):
+    w = weight(bf16=True)
+    out = ff.linear(ff.bfloat16_view(FakeCAI((3, K), "<u2")), w)
+    assert as_device_array(out, "out").dtype == BF16
+    assert lib.launches[-1]["a_type"] == 2
