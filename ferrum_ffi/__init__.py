@@ -7,6 +7,7 @@ The native library (libferrum_marlin.so) is loaded on first use; everything in
 from ._abi import ActivationType, MmFlag, WeightType
 from ._interop import Bfloat16Array, bfloat16_view
 from ._native import ABI_VERSION, device_count, library
+from .checkpoint import load_linear
 from .dense import (
     MarlinWeight,
     launch_marlin_cuda,
@@ -59,6 +60,7 @@ __all__ = [
     "launch_marlin_mm",
     "library",
     "linear",
+    "load_linear",
     "marlin_gemm",
     "marlin_gemm_with_offset",
     "marlin_gemm_with_offset_strided",
