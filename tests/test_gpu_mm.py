@@ -1,0 +1,372 @@
+"""The general Marlin GEMM on the GPU (``linear`` -> ``ferrum_marlin_mm``)
+against float64 references of the dequantised weight.
+
+Every weight type x {FP16, BF16} x group size x act-order x reduction mode x
+m, then the features one by one: bias, fp32-reduce determinism, tile
+overrides, the lock workspace left zero, strided rows, every converter end to
+end (the reference computed by the format's own decoder from the on-disk
+tensors), every finite FP8 code, a non-default stream, graph capture, m == 0.
+
+BF16 arrays: CuPy >= 14 holds ``ml_dtypes.bfloat16`` itself; otherwise the
+tests keep bfloat16 bit patterns in uint16 arrays behind
+``ff.bfloat16_view`` -- both are how users pass BF16 from CuPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ferrum_ffi as ff
+from ferrum_ffi import WeightType, _scratch
+from ferrum_ffi.formats import (
+    awq_reference_dequant,
+    ct_reference_dequant,
+    fp8_reference_dequant,
+    gptq_reference_dequant,
+)
+
+from . import quant_layers as ql
+
+pytestmark = pytest.mark.gpu
+
+BF16 = ql.bfloat16()
+F16 = np.dtype(np.float16)
+DTYPES = {"f16": F16, "bf16": BF16}
+# Relative L2 error of the product: fp16 keeps 11 significant bits, bf16 8,
+# in the output and in the partial sums the reduction adds.
+TOLERANCE = {F16: 2e-3, BF16: 1e-2}
+M_VALUES = (1, 16, 17, 64, 255, 1024)
+K, N = 1024, 512
+
+
+# ---- arrays ---------------------------------------------------------------------------------
+
+
+def to_device(cp, host: np.ndarray):
+    """A device copy of a host array; bfloat16 natively when CuPy can hold it."""
+    if host.dtype == BF16:
+        try:
+            return cp.asarray(host)
+        except (TypeError, ValueError, NotImplementedError):
+            return ff.bfloat16_view(cp.asarray(host.view(np.uint16)))
+    return cp.asarray(host)
+
+
+def to_host(array) -> np.ndarray:
+    if isinstance(array, ff.Bfloat16Array):
+        return array.base.get().view(np.uint16).view(BF16)
+    return array.get()
+
+
+def activations(m, k, dtype, seed=1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32).astype(dtype)
+
+
+def relative_l2(out, reference: np.ndarray) -> float:
+    got = to_host(out).astype(np.float64)
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(np.linalg.norm(got - reference) / max(np.linalg.norm(reference), 1e-30))
+
+
+def reference_product(cp, x_host: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """float64 x @ W (+ bias), computed on the GPU by CuPy, independent of the kernel."""
+    ref = cp.asarray(x_host.astype(np.float64)) @ cp.asarray(w)
+    if bias is not None:
+        ref += cp.asarray(bias.astype(np.float64))
+    return ref.get()
+
+
+def run(cp, weight, m, *, seed=1, bias=None, **options) -> tuple[object, np.ndarray]:
+    """linear() on random activations; returns (out, float64 reference)."""
+    x = activations(m, weight.k, weight.dtype, seed)
+    bias_device = None if bias is None else to_device(cp, bias)
+    out = ff.linear(to_device(cp, x), weight, bias=bias_device, **options)
+    cp.cuda.Device().synchronize()
+    return out, reference_product(cp, x, weight.reference_dequant(), bias)
+
+
+# ---- weights of every type ----------------------------------------------------------------------
+
+
+INT_TYPES = {"U4": (4, False), "U4B8": (4, True), "U8B128": (8, True)}
+
+
+def make_weight(b_type: str, dtype: np.dtype, group_size: int, act_order: bool, k=K, n=N, seed=0):
+    rng = np.random.default_rng([seed, group_size + 1, int(act_order)])
+    if b_type == "FE4M3FN":
+        t = ql.fp8_layer(rng, k, n, kind="block" if group_size == 128 else "channel", scale_dtype=np.float32)
+        return ff.MarlinLinearWeight.from_fp8(t["weight"], t.get("weight_scale", t.get("weight_scale_inv")), dtype=dtype)
+    bits, sym = INT_TYPES[b_type]
+    # Scales in the activation dtype, as a checkpoint for it would hold them:
+    # the kernel's scales are then exactly the reference's.
+    t = ql.gptq_layer(rng, k, n, bits=bits, group_size=group_size, sym=sym, act_order=act_order, scale_dtype=dtype)
+    return ff.MarlinLinearWeight.from_gptq(t["qweight"], t["scales"], t["qzeros"], t["g_idx"], bits=bits, sym=sym,
+                                           dtype=dtype)
+
+
+def sweep_cases():
+    for b_type in ("U4", "U4B8", "U8B128", "FE4M3FN"):
+        groups = (-1, 128) if b_type == "FE4M3FN" else (-1, 32, 64, 128)
+        for dtype in DTYPES:
+            for group_size in groups:
+                acts = (False, True) if b_type != "FE4M3FN" and group_size != -1 else (False,)
+                for act_order in acts:
+                    yield b_type, dtype, group_size, act_order
+
+
+_weights: dict = {}
+
+
+def _memo(reference):
+    """The weight's float64 reference, computed once (the sweep reuses each weight)."""
+    cache = []
+
+    def memoised() -> np.ndarray:
+        if not cache:
+            cache.append(reference())
+        return cache[0]
+
+    return memoised
+
+
+def cached_weight(cp, b_type, dtype_name, group_size, act_order):
+    key = (b_type, dtype_name, group_size, act_order)
+    if key not in _weights:
+        weight = make_weight(b_type, DTYPES[dtype_name], group_size, act_order)
+        weight.reference = _memo(weight.reference)
+        _weights[key] = weight
+    return _weights[key]
+
+
+@pytest.mark.parametrize("m", M_VALUES)
+@pytest.mark.parametrize("reduce", ["atomic", "fp32_reduce"])
+@pytest.mark.parametrize(
+    "b_type, dtype_name, group_size, act_order",
+    list(sweep_cases()),
+    ids=[f"{t}-{d}-g{g}{'-act' if a else ''}" for t, d, g, a in sweep_cases()],
+)
+def test_every_type_group_and_mode(cp, b_type, dtype_name, group_size, act_order, reduce, m):
+    weight = cached_weight(cp, b_type, dtype_name, group_size, act_order)
+    assert weight.b_type is WeightType[b_type] and weight.act_order == act_order
+    out, ref = run(cp, weight, m, seed=m, fp32_reduce=reduce == "fp32_reduce")
+    assert to_host(out).shape == (m, N)
+    assert relative_l2(out, ref) < TOLERANCE[weight.dtype]
+
+
+# ---- features ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("b_type", ["U4", "U4B8", "U8B128", "FE4M3FN"])
+@pytest.mark.parametrize("m", [1, 64])
+def test_bias(cp, b_type, dtype_name, m):
+    weight = cached_weight(cp, b_type, dtype_name, 128, False)
+    bias = np.random.default_rng(5).standard_normal(N).astype(np.float32).astype(weight.dtype)
+    out, ref = run(cp, weight, m, bias=bias)
+    assert relative_l2(out, ref) < TOLERANCE[weight.dtype]
+    plain, ref_plain = run(cp, weight, m)
+    assert relative_l2(plain, ref_plain) < TOLERANCE[weight.dtype]
+    assert not np.array_equal(to_host(out), to_host(plain))
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("b_type", ["U4", "U8B128", "FE4M3FN"])
+@pytest.mark.parametrize("m", [1, 16, 200])
+def test_fp32_reduce_is_deterministic(cp, b_type, dtype_name, m):
+    # Long K and narrow N: several blocks share each column, so partial sums are reduced.
+    weight = make_weight(b_type, DTYPES[dtype_name], 128, False, k=8192, n=256, seed=11)
+    x = to_device(cp, activations(m, weight.k, weight.dtype, seed=12))
+    first = to_host(ff.linear(x, weight, fp32_reduce=True))
+    for _ in range(3):
+        again = to_host(ff.linear(x, weight, fp32_reduce=True))
+        assert np.array_equal(first.view(np.uint16), again.view(np.uint16))
+    ref = reference_product(cp, to_host(x), weight.reference_dequant())
+    assert relative_l2(ff.linear(x, weight, fp32_reduce=True), ref) < TOLERANCE[weight.dtype]
+
+
+@pytest.mark.parametrize("tile", [(128, 128), (64, 256), (128, 64), (128, 256)])
+@pytest.mark.parametrize("b_type", ["U4", "U4B8", "U8B128", "FE4M3FN"])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_tile_overrides(cp, tile, b_type, dtype_name, m):
+    if tile == (128, 256) and m > 16:
+        pytest.skip("the deep tile serves m <= 16 (rejected: test_mm_validation)")
+    weight = cached_weight(cp, b_type, dtype_name, 128, False)
+    out, ref = run(cp, weight, m, thread_k=tile[0], thread_n=tile[1])
+    assert relative_l2(out, ref) < TOLERANCE[weight.dtype]
+
+
+@pytest.mark.parametrize("sms", [1, 7, 64])
+def test_fewer_sms(cp, sms):
+    weight = cached_weight(cp, "U4", "bf16", 64, True)
+    out, ref = run(cp, weight, 48, sms=sms, fp32_reduce=sms == 7)
+    assert relative_l2(out, ref) < TOLERANCE[BF16]
+
+
+def _workspace(cp, stream_handle: int):
+    scratch = _scratch._cache[(cp.cuda.Device().id, 1 if stream_handle in (0, 1) else stream_handle)]
+    return scratch.workspace.array
+
+
+@pytest.mark.parametrize("fp32_reduce", [False, True])
+def test_the_kernel_leaves_the_workspace_zero(cp, monkeypatch, fp32_reduce):
+    from ferrum_ffi import profile
+
+    # No zeroing before the calls: only the kernel can keep the locks at zero.
+    monkeypatch.setattr(profile, "runtime_config", lambda: profile.RuntimeConfig(skip_ws_zero=True))
+    weight = cached_weight(cp, "U4B8", "f16", 128, True)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for m in (1, 17, 255, 1024, 3):
+            out, ref = run(cp, weight, m, stream=stream, fp32_reduce=fp32_reduce, seed=m)
+            assert relative_l2(out, ref) < TOLERANCE[F16]
+    stream.synchronize()
+    assert int(cp.count_nonzero(_workspace(cp, stream.ptr))) == 0
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("act_order", [False, True])
+def test_strided_rows(cp, dtype_name, act_order):
+    weight = cached_weight(cp, "U4", dtype_name, 64, act_order)
+    lda = K + 64
+    full = activations(33, lda, weight.dtype, seed=4)
+    x = to_device(cp, full)
+    view = x[:, :K] if not isinstance(x, ff.Bfloat16Array) else ff.bfloat16_view(x.base[:, :K])
+    out = ff.linear(view, weight)
+    ref = reference_product(cp, full[:, :K], weight.reference_dequant())
+    assert relative_l2(out, ref) < TOLERANCE[weight.dtype]
+
+
+def test_leading_dimensions(cp):
+    weight = cached_weight(cp, "U8B128", "f16", 64, False)
+    x = activations(24, K, F16, seed=9)
+    out = ff.linear(to_device(cp, x.reshape(2, 3, 4, K)), weight)
+    assert out.shape == (2, 3, 4, N)
+    ref = reference_product(cp, x, weight.reference_dequant())
+    assert relative_l2(out.reshape(24, N), ref) < TOLERANCE[F16]
+
+
+def test_m_zero_returns_an_empty_output(cp):
+    weight = cached_weight(cp, "U4", "bf16", 128, False)
+    out = ff.linear(to_device(cp, activations(0, K, BF16)), weight)
+    assert to_host(out).shape == (0, N)
+
+
+def test_non_default_stream(cp):
+    weight = cached_weight(cp, "U4B8", "bf16", 32, True)
+    stream = cp.cuda.Stream(non_blocking=True)
+    inputs, outputs = [], []
+    with stream:
+        for i in range(12):
+            x = activations(1 + 37 * i % 300, K, BF16, seed=100 + i)
+            inputs.append(x)
+            outputs.append(ff.linear(to_device(cp, x), weight, stream=stream, fp32_reduce=i % 2 == 1))
+    stream.synchronize()
+    w = weight.reference_dequant()
+    for x, out in zip(inputs, outputs):
+        assert relative_l2(out, reference_product(cp, x, w)) < TOLERANCE[BF16]
+    assert int(cp.count_nonzero(_workspace(cp, stream.ptr))) == 0
+
+
+def test_graph_capture_replays(cp):
+    weight = cached_weight(cp, "U4", "f16", 128, True)
+    x_host = activations(8, K, F16, seed=3)
+    x = to_device(cp, x_host)
+    out = cp.empty((8, N), dtype=cp.float16)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        ff.linear(x, weight, out=out, stream=stream, fp32_reduce=True)  # warm-up: scratch allocated
+        stream.begin_capture()
+        ff.linear(x, weight, out=out, stream=stream, fp32_reduce=True)
+        graph = stream.end_capture()
+        out.fill(cp.nan)
+        graph.launch(stream)
+    stream.synchronize()
+    assert relative_l2(out, reference_product(cp, x_host, weight.reference_dequant())) < TOLERANCE[F16]
+
+
+# ---- converters end to end ---------------------------------------------------------------------
+
+
+def end_to_end(cp, weight, reference: np.ndarray, m_values=(1, 33, 300)):
+    """linear() on the converted weight against the format's own decoder."""
+    for m in m_values:
+        x = activations(m, weight.k, weight.dtype, seed=m + 1)
+        out = ff.linear(to_device(cp, x), weight)
+        assert relative_l2(out, reference_product(cp, x, reference)) < TOLERANCE[weight.dtype], m
+
+
+CK, CN = 2048, 1024
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("bits, sym, act_order", [(4, True, False), (4, False, False), (4, True, True), (4, False, True),
+                                                  (8, True, False), (8, True, True)])
+def test_gptq_end_to_end(cp, dtype_name, bits, sym, act_order):
+    t = ql.gptq_layer(np.random.default_rng(bits), CK, CN, bits=bits, group_size=128, sym=sym, act_order=act_order)
+    weight = ff.load_linear({f"l.{k}": v for k, v in t.items()}, "l", DTYPES[dtype_name])
+    assert weight.act_order == act_order
+    end_to_end(cp, weight, gptq_reference_dequant(t["qweight"], t["scales"], t["qzeros"], t["g_idx"], bits, sym, 128))
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("group_size", [-1, 64, 128])
+def test_awq_end_to_end(cp, dtype_name, group_size):
+    t = ql.awq_layer(np.random.default_rng(2), CK, CN, group_size=group_size)
+    weight = ff.MarlinLinearWeight.from_awq(t["qweight"], t["scales"], t["qzeros"], dtype=DTYPES[dtype_name])
+    end_to_end(cp, weight, awq_reference_dequant(t["qweight"], t["scales"], t["qzeros"], group_size))
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("bits, asym", [(4, False), (8, False), (4, True)])
+@pytest.mark.parametrize("group_size", [-1, 128])
+def test_compressed_tensors_end_to_end(cp, dtype_name, bits, asym, group_size):
+    t = ql.ct_layer(np.random.default_rng(3), CK, CN, bits=bits, group_size=group_size, asym=asym, scale_dtype=BF16)
+    weight = ff.MarlinLinearWeight.from_compressed_tensors(
+        t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), bits=bits,
+        weight_shape=t["weight_shape"], dtype=DTYPES[dtype_name],
+    )
+    end_to_end(cp, weight, ct_reference_dequant(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), bits))
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block"])
+def test_fp8_end_to_end(cp, dtype_name, kind):
+    t = ql.fp8_layer(np.random.default_rng(4), CK, CN, kind=kind, scale_dtype=np.float32)
+    weight = ff.load_linear({f"l.{k}": v for k, v in t.items()}, "l", DTYPES[dtype_name])
+    scale = t.get("weight_scale", t.get("weight_scale_inv"))
+    end_to_end(cp, weight, fp8_reference_dequant(t["weight"], scale, (128, 128) if kind == "block" else None))
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("group_size", [-1, 128])
+def test_fp8_every_finite_code(cp, dtype_name, group_size):
+    weight_bytes = ql.every_finite_e4m3(N, K)
+    scale = np.full((N // 128 + 0, K // 128), 0.03125, np.float32) if group_size == 128 else np.float32(0.03125)
+    weight = ff.MarlinLinearWeight.from_fp8(weight_bytes, scale, dtype=DTYPES[dtype_name])
+    end_to_end(cp, weight, fp8_reference_dequant(weight_bytes, scale, (128, 128) if group_size == 128 else None),
+               m_values=(1, 64))
+
+
+def test_from_float_is_close_to_the_float_weight(cp):
+    w = np.random.default_rng(8).standard_normal((K, N)).astype(np.float32)
+    weight = ff.MarlinLinearWeight.from_float(w, bits=8, group_size=128, dtype=BF16)
+    x = activations(16, K, BF16)
+    out = ff.linear(to_device(cp, x), weight)
+    # 8-bit RTN: ~1% relative error of the product is expected.
+    assert relative_l2(out, reference_product(cp, x, w.astype(np.float64))) < 0.03
+
+
+def test_torch_bfloat16_tensors_if_available(cp):
+    torch = pytest.importorskip("torch")
+    weight = cached_weight(cp, "U4B8", "bf16", 128, False)
+    x = torch.randn(9, K, dtype=torch.bfloat16, device="cuda")
+    out = ff.linear(x, weight)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+    torch.cuda.synchronize()
+    x_host = x.view(torch.int16).cpu().numpy().view(BF16)
+    ref = reference_product(cp, x_host, weight.reference_dequant())
+    got = out.float().cpu().numpy().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOLERANCE[BF16]
