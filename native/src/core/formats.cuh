@@ -17,9 +17,9 @@
 //   the tensor cores are the bottleneck for tall slabs, so no extra MMAs.
 // * images(): the raw fp16/bf16 image of each code, made by bit operations
 //   only (no floating-point work), multiplied as is; the affine part is
-//   removed by one more MMA with a correction fragment (constant, or built from
-//   the zero points once per group), and scales are applied to the fp32
-//   partial sums. For short slabs the fp16 pipe, not the tensor cores, limits
+//   removed by one more MMA per k step with a constant correction fragment
+//   (for zero points: the activation sums, weighed per column in fp32), and
+//   scales are applied to the fp32 partial sums. For short slabs the fp16 pipe, not the tensor cores, limits
 //   the kernel, and this moves nearly all of its work to the idle MMA units.
 #pragma once
 
@@ -53,6 +53,8 @@ struct Format {
   static constexpr bool act_hi_div16 = bits == 4 && !bf16;
   static constexpr bool act_x16_image = bits == 8 && bf16 && W == WType::U8B128;
   static constexpr bool const_correction = W == WType::U4B8 || W == WType::U8B128;
+  // U4 image path: sums of the low / high k halves of the activations.
+  static constexpr bool split_sums = W == WType::U4 && !bf16;
   // Exponent bits OR-ed onto a nibble: fp16 1024 + q, bf16 128 + q (exact).
   static constexpr uint32_t kExp = bf16 ? 0x43004300u : 0x64006400u;
 
@@ -99,9 +101,12 @@ struct Format {
     }
   }
 
-  // The fragment whose product with the activations removes the images'
-  // offsets (E + zero, and for fp16 4-bit high halves E + 16 zero).
-  __device__ static Frag16x16 correction(uint32_t zero) {
+  // The constant fragment whose product with the activations removes the
+  // images' offsets. For U4 the offset E + z differs per column, so the
+  // fragment is -1 and yields -(sum of the activations) (fp16: of the low k
+  // half; correction_hi() gives the high half, whose images are E + 16 z);
+  // the kernel weighs it with each column's zero point in fp32.
+  __device__ static Frag16x16 correction() {
     if constexpr (W == WType::U4B8) {
       if constexpr (bf16) return splat(0xc308c308u);                          // -136
       return Frag16x16{{0xe408e408u, 0xe408e408u, 0xe480e480u, 0xe480e480u}};  // -1032, -1152
@@ -109,15 +114,17 @@ struct Format {
       if constexpr (bf16) return splat(0xc510c510u);  // -(128 + 16*128 + 128) = -2304
       return splat(0xe480e480u);                      // -1152
     } else if constexpr (W == WType::U4) {
-      const uint32_t lo = pair_neg(pair_low(zero)), hi = pair_neg(pair_high(zero));
-      if constexpr (bf16) return Frag16x16{{lo, hi, lo, hi}};
-      // -(1024 + 16 z) = -16 (1024 + z) + 15360, exact.
-      const uint32_t q = N::fma(zero, 0xcc00cc00u, 0x73807380u);
-      return Frag16x16{{lo, hi, pair_low(q), pair_high(q)}};
+      if constexpr (bf16) return splat(0xbf80bf80u);
+      return Frag16x16{{0xbc00bc00u, 0xbc00bc00u, 0u, 0u}};
     } else {
       return splat(0u);  // FP8 images need no correction
     }
   }
+  __device__ static Frag16x16 correction_hi() { return Frag16x16{{0u, 0u, 0xbc00bc00u, 0xbc00bc00u}}; }
+  // U4 image path: the fp32 weights of correction() and correction_hi() for a
+  // column whose zero pair value is e_plus_z = E + z.
+  static constexpr float kExpValue = bf16 ? 128.f : 1024.f;
+  __device__ static float zero_weight_hi(float e_plus_z) { return 16.f * e_plus_z - 15.f * kExpValue; }
 
   // Exact unscaled weight values (q - zero; FP8: value / 256).
   __device__ static Frag16x16 dequant(const uint32_t* w, uint32_t zero) {

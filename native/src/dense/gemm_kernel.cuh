@@ -23,8 +23,6 @@
 
 #include <cuda_fp16.h>
 
-#include <type_traits>
-
 #include "../core/formats.cuh"
 #include "../core/ptx.cuh"
 #include "../core/tile.cuh"
@@ -35,7 +33,10 @@
 
 namespace ferrum::dense {
 
-template <class T, class F>
+// PerRowGroups: groups shorter than the k tile, so the image path applies
+// scales after every k step (a separate instance: the branch inside the hot
+// loop cost 8 % at m = 16).
+template <class T, class F, bool PerRowGroups>
 __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Args p) {
   static_assert(T::b_words == F::words, "tile built for another weight width");
   using N = typename F::N;
@@ -266,8 +267,6 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // scales to fp32 partials, once per group; taller slabs are tensor-core
   // bound and multiply exact, scaled fragments once.
   constexpr bool kImages = T::m8 <= 2 && !T::wgmma;
-  // Groups shorter than the k tile: scales change from one k step to the next.
-  const bool per_row_groups = s_rows > 1;
   auto compute_stage = [&](int slot) {
     const int4* const sb = sh_b + slot * T::b_stage;
     const int4* const sa = sh_a + slot * T::a_stage;
@@ -290,26 +289,21 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       wgmma::commit();
       wgmma::wait<0>();
     } else if constexpr (kImages) {
-      // part: image products of the current group window; corr: products of
-      // the constant correction, the same for every tile, so computed once.
+      // part: image products of the current group window; corr (and
+      // corr_hi): products of the correction fragments, the same for every
+      // tile, so computed once.
       float part[4][T::m8][4];
-      float corr[T::m8][4];
-      auto run = [&](auto per_row_tag) {
-        constexpr bool kPerRow = decltype(per_row_tag)::value;
-        [[maybe_unused]] Frag16x16 zc[4];  // zero-point corrections of the current group
+      [[maybe_unused]] float corr[T::m8][4];
+      [[maybe_unused]] float corr_hi[T::m8][4];
+      constexpr bool kCorrection = F::const_correction || F::zero_points;
+      {
+        constexpr bool kPerRow = PerRowGroups;
 #pragma unroll
         for (int rr = 0; rr < T::rows_per_warp; ++rr) {
           const int row = warp_k + rr * T::warps_k;
           const bool open = kPerRow || rr == 0;
           const bool close = kPerRow || rr == T::rows_per_warp - 1;
           const int s_row = (16 * row) >> z_shift;
-          if constexpr (F::zero_points) {
-            if (open) {
-              const uint32_t zw = zero_word(sz, s_row);
-#pragma unroll
-              for (int t = 0; t < 4; ++t) zc[t] = F::correction(F::zero_pair(zw, t));
-            }
-          }
           uint32_t w[4 * F::words];
           weight_words(sb, row, w);
           Frag16x16 f[4], fx[4];
@@ -325,12 +319,19 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
               bx[0] = N::mul(bf[j][0], 0x41804180u);  // 16
               bx[1] = N::mul(bf[j][1], 0x41804180u);
             }
-            if constexpr (F::const_correction) {
-              const Frag16x16 cc = F::correction(0u);
+            if constexpr (kCorrection) {
+              const Frag16x16 cc = F::correction();
               if (open)
                 ptx::mma_16816_zero<kBf16>(corr[j], cc.r, bf[j][0], bf[j][1]);
               else
                 ptx::mma_16816<kBf16>(corr[j], cc.r, bf[j][0], bf[j][1]);
+            }
+            if constexpr (F::split_sums) {
+              const Frag16x16 ch = F::correction_hi();
+              if (open)
+                ptx::mma_16816_zero<kBf16>(corr_hi[j], ch.r, bf[j][0], bf[j][1]);
+              else
+                ptx::mma_16816<kBf16>(corr_hi[j], ch.r, bf[j][0], bf[j][1]);
             }
 #pragma unroll
             for (int t = 0; t < 4; ++t) {
@@ -339,31 +340,35 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
               else
                 ptx::mma_16816<kBf16>(part[t][j], f[t].r, bf[j][0], bf[j][1]);
               if constexpr (F::act_x16_image) ptx::mma_16816<kBf16>(part[t][j], fx[t].r, bx[0], bx[1]);
-              if constexpr (F::zero_points) ptx::mma_16816<kBf16>(part[t][j], zc[t].r, bf[j][0], bf[j][1]);
             }
           }
           if (close) {
             // Channelwise scales wait for the epilogue.
             uint32_t sp[4] = {N::kOne, N::kOne, N::kOne, N::kOne};
             if (grouped) scale_pairs(ss, s_row, sp);
+            [[maybe_unused]] const uint32_t zw = zero_word(sz, s_row);
 #pragma unroll
             for (int t = 0; t < 4; ++t) {
               const float2 s = N::to_float2(sp[t]);  // columns c, c + 8
+              [[maybe_unused]] float2 ez = make_float2(0.f, 0.f);
+              if constexpr (F::zero_points) ez = N::to_float2(F::zero_pair(zw, t));  // E + z
 #pragma unroll
               for (int j = 0; j < T::m8; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                  const float v = part[t][j][e] + (F::const_correction ? corr[j][e] : 0.f);
+                  float v = part[t][j][e];
+                  if constexpr (F::const_correction) v += corr[j][e];
+                  if constexpr (F::zero_points) {
+                    const float e_plus_z = e < 2 ? ez.x : ez.y;
+                    v = fmaf(e_plus_z, corr[j][e], v);
+                    if constexpr (F::split_sums) v = fmaf(F::zero_weight_hi(e_plus_z), corr_hi[j][e], v);
+                  }
                   acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[t][j][e]);
                 }
             }
           }
         }
-      };
-      if (per_row_groups)
-        run(std::true_type{});
-      else
-        run(std::false_type{});
+      }
     } else {
 #pragma unroll
       for (int rr = 0; rr < T::rows_per_warp; ++rr) {
@@ -556,21 +561,21 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   ptx::cp_async_wait<0>();
 }
 
-template <class T, class F>
-cudaError_t launch_tile(Args& args, const Launch& launch, int* stage) {
+template <class T, class F, bool PerRowGroups>
+cudaError_t launch_kernel(Args& args, const Launch& launch, int* stage) {
   // Attributes live in the device's context: set them, and learn how many
   // blocks can be resident, once per device (a benign race repeats the work).
   static int resident[kMaxDevices] = {};
   const int dev = launch.dev;
   int blocks = (dev >= 0 && dev < kMaxDevices) ? resident[dev] : 0;
   if (blocks == 0) {
-    cudaError_t err = cudaFuncSetAttribute(gemm_kernel<T, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t err = cudaFuncSetAttribute(gemm_kernel<T, F, PerRowGroups>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(T::smem_bytes));
     if (err != cudaSuccess) {
       *stage = FERRUM_STAGE_FUNCTION_ATTRIBUTE;
       return err;
     }
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_kernel<T, F>, kThreads, T::smem_bytes);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_kernel<T, F, PerRowGroups>, kThreads, T::smem_bytes);
     if (err != cudaSuccess || blocks < 1) {
       *stage = FERRUM_STAGE_BLOCKS_PER_SM;
       return err != cudaSuccess ? err : cudaErrorLaunchOutOfResources;
@@ -587,10 +592,20 @@ cudaError_t launch_tile(Args& args, const Launch& launch, int* stage) {
   if (grid > total) grid = total;
   args.iters = (total + grid - 1) / grid;
   grid = (total + args.iters - 1) / args.iters;
-  gemm_kernel<T, F><<<grid, kThreads, T::smem_bytes, launch.stream>>>(args);
+  gemm_kernel<T, F, PerRowGroups><<<grid, kThreads, T::smem_bytes, launch.stream>>>(args);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
   return err;
+}
+
+template <class T, class F>
+cudaError_t launch_tile(Args& args, const Launch& launch, int* stage) {
+  constexpr bool kImages = T::m8 <= 2 && !T::wgmma;
+  if constexpr (kImages) {
+    if (args.group_shift >= 0 && (1 << args.group_shift) < T::k_tile)
+      return launch_kernel<T, F, true>(args, launch, stage);
+  }
+  return launch_kernel<T, F, false>(args, launch, stage);
 }
 
 // The launcher of every tile built for one format and slabs of 8*M8 rows;
