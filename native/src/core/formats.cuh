@@ -47,14 +47,12 @@ struct Format {
   static constexpr int bits = weight_bits(W);
   static constexpr int words = bits / 4;  // 32-bit words per lane per tile
   static constexpr bool zero_points = W == WType::U4;
-  // Image path only: the activations' k+8 half is divided by 16 (fp16 4-bit,
-  // whose high images are 1024 + 16q), or a second image multiplies 16 x the
+  // Image path only: the activations' k+8 half is divided by 16 (fp16 U4B8,
+  // whose high images are 1024 + 16q: one shift fewer per word), or a second image multiplies 16 x the
   // activations (bf16 8-bit, whose codes split into two nibble images).
-  static constexpr bool act_hi_div16 = bits == 4 && !bf16;
+  static constexpr bool act_hi_div16 = W == WType::U4B8 && !bf16;
   static constexpr bool act_x16_image = bits == 8 && bf16 && W == WType::U8B128;
   static constexpr bool const_correction = W == WType::U4B8 || W == WType::U8B128;
-  // U4 image path: sums of the low / high k halves of the activations.
-  static constexpr bool split_sums = W == WType::U4 && !bf16;
   // Exponent bits OR-ed onto a nibble: fp16 1024 + q, bf16 128 + q (exact).
   static constexpr uint32_t kExp = bf16 ? 0x43004300u : 0x64006400u;
 
@@ -64,14 +62,15 @@ struct Format {
 
   __device__ static void images(const uint32_t* w, Frag16x16& f, Frag16x16& f_x16) {
     if constexpr (bits == 4) {
-      if constexpr (!bf16) {
+      if constexpr (act_hi_div16) {
         // High nibbles stay in place: 1024 + 16q, exact in fp16.
         f.r[0] = ptx::lop3<kLop3Or>(w[0], 0x000f000fu, kExp);
         f.r[2] = ptx::lop3<kLop3Or>(w[0], 0x00f000f0u, kExp);
         f.r[1] = ptx::lop3<kLop3Or>(w[0] >> 8, 0x000f000fu, kExp);
         f.r[3] = ptx::lop3<kLop3Or>(w[0] >> 8, 0x00f000f0u, kExp);
       } else {
-        // bf16 has 7 mantissa bits: 16q would reach the exponent, so shift.
+        // Every image E + q: bf16 has 7 mantissa bits, so 16q would reach the
+        // exponent; U4 wants one zero-point offset per column for all k.
         f.r[0] = nibble_pair(w[0], kExp);
         f.r[2] = nibble_pair(w[0] >> 4, kExp);
         f.r[1] = nibble_pair(w[0] >> 8, kExp);
@@ -103,9 +102,8 @@ struct Format {
 
   // The constant fragment whose product with the activations removes the
   // images' offsets. For U4 the offset E + z differs per column, so the
-  // fragment is -1 and yields -(sum of the activations) (fp16: of the low k
-  // half; correction_hi() gives the high half, whose images are E + 16 z);
-  // the kernel weighs it with each column's zero point in fp32.
+  // fragment is -1 and yields -(sum of the activations), which the kernel
+  // weighs with each column's E + z in fp32.
   __device__ static Frag16x16 correction() {
     if constexpr (W == WType::U4B8) {
       if constexpr (bf16) return splat(0xc308c308u);                          // -136
@@ -114,17 +112,11 @@ struct Format {
       if constexpr (bf16) return splat(0xc510c510u);  // -(128 + 16*128 + 128) = -2304
       return splat(0xe480e480u);                      // -1152
     } else if constexpr (W == WType::U4) {
-      if constexpr (bf16) return splat(0xbf80bf80u);
-      return Frag16x16{{0xbc00bc00u, 0xbc00bc00u, 0u, 0u}};
+      return splat(bf16 ? 0xbf80bf80u : 0xbc00bc00u);  // -1
     } else {
       return splat(0u);  // FP8 images need no correction
     }
   }
-  __device__ static Frag16x16 correction_hi() { return Frag16x16{{0u, 0u, 0xbc00bc00u, 0xbc00bc00u}}; }
-  // U4 image path: the fp32 weights of correction() and correction_hi() for a
-  // column whose zero pair value is e_plus_z = E + z.
-  static constexpr float kExpValue = bf16 ? 128.f : 1024.f;
-  __device__ static float zero_weight_hi(float e_plus_z) { return 16.f * e_plus_z - 15.f * kExpValue; }
 
   // Exact unscaled weight values (q - zero; FP8: value / 256).
   __device__ static Frag16x16 dequant(const uint32_t* w, uint32_t zero) {
@@ -136,13 +128,6 @@ struct Format {
       f.r[1] = N::sub(f.r[1], 0x64086408u);
       f.r[2] = N::fma(f.r[2], 0x2c002c00u, 0xd480d480u);
       f.r[3] = N::fma(f.r[3], 0x2c002c00u, 0xd480d480u);
-    } else if constexpr (W == WType::U4 && !bf16) {
-      const uint32_t lo = pair_low(zero), hi = pair_high(zero);
-      const uint32_t rest = N::sub(0x63806380u, zero);  // 960 - (1024 + z) = -(64 + z)
-      f.r[0] = N::sub(f.r[0], lo);
-      f.r[1] = N::sub(f.r[1], hi);
-      f.r[2] = N::fma(f.r[2], 0x2c002c00u, pair_low(rest));
-      f.r[3] = N::fma(f.r[3], 0x2c002c00u, pair_high(rest));
     } else if constexpr (W == WType::U4B8) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) f.r[i] = N::sub(f.r[i], 0x43084308u);  // 128 + q - 136

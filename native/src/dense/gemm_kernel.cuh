@@ -289,12 +289,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       wgmma::commit();
       wgmma::wait<0>();
     } else if constexpr (kImages) {
-      // part: image products of the current group window; corr (and
-      // corr_hi): products of the correction fragments, the same for every
-      // tile, so computed once.
+      // part: image products of the current group window; corr: products of
+      // the correction fragment, the same for every tile, so computed once.
       float part[4][T::m8][4];
       [[maybe_unused]] float corr[T::m8][4];
-      [[maybe_unused]] float corr_hi[T::m8][4];
       constexpr bool kCorrection = F::const_correction || F::zero_points;
       {
         constexpr bool kPerRow = PerRowGroups;
@@ -326,13 +324,6 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
               else
                 ptx::mma_16816<kBf16>(corr[j], cc.r, bf[j][0], bf[j][1]);
             }
-            if constexpr (F::split_sums) {
-              const Frag16x16 ch = F::correction_hi();
-              if (open)
-                ptx::mma_16816_zero<kBf16>(corr_hi[j], ch.r, bf[j][0], bf[j][1]);
-              else
-                ptx::mma_16816<kBf16>(corr_hi[j], ch.r, bf[j][0], bf[j][1]);
-            }
 #pragma unroll
             for (int t = 0; t < 4; ++t) {
               if (open)
@@ -358,11 +349,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
                 for (int e = 0; e < 4; ++e) {
                   float v = part[t][j][e];
                   if constexpr (F::const_correction) v += corr[j][e];
-                  if constexpr (F::zero_points) {
-                    const float e_plus_z = e < 2 ? ez.x : ez.y;
-                    v = fmaf(e_plus_z, corr[j][e], v);
-                    if constexpr (F::split_sums) v = fmaf(F::zero_weight_hi(e_plus_z), corr_hi[j][e], v);
-                  }
+                  if constexpr (F::zero_points) v = fmaf(e < 2 ? ez.x : ez.y, corr[j][e], v);
                   acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[t][j][e]);
                 }
             }
