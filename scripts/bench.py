@@ -8,8 +8,12 @@ flushed before every timed launch, median of many launches):
   * ``cublas``  — CuPy's fp16 matmul of the same shapes;
   * ``read``    — a plain kernel that streams the weight + scale bytes with
                   16-byte loads: the practical limit of a memory-bound GEMM.
+With ``--types`` the general GEMM (``ferrum_ffi.linear``) is measured instead,
+per activation and weight type (e.g. ``bf16-u4``, ``f16-fe4m3fn``; ``all`` for
+every one), against cuBLAS of the same activation type (CuPy fp16; PyTorch for
+bf16) and the read roofline of that type's weight + scale bytes.
 Prints a table (speed-up over cuBLAS, fraction of the read roofline) and writes
-JSON. Usage: python scripts/bench.py [--quick] [--json out.json]
+JSON. Usage: python scripts/bench.py [--quick] [--types all] [--json out.json]
 """
 
 from __future__ import annotations
@@ -89,6 +93,84 @@ def bench_shape(cp, ff, timer, k: int, n: int, m_values, repeat: int, read_kerne
     return rows
 
 
+# activation-weight name -> (activation dtype, weight type name, group size)
+TYPES = {
+    "f16-u4b8": ("float16", "U4B8", 128),
+    "bf16-u4b8": ("bfloat16", "U4B8", 128),
+    "f16-u4": ("float16", "U4", 128),
+    "bf16-u4": ("bfloat16", "U4", 128),
+    "f16-u8b128": ("float16", "U8B128", -1),
+    "bf16-u8b128": ("bfloat16", "U8B128", -1),
+    "f16-fe4m3fn": ("float16", "FE4M3FN", -1),
+    "bf16-fe4m3fn": ("bfloat16", "FE4M3FN", -1),
+}
+
+
+def random_prepared(ff, rng, k: int, n: int, dtype_name: str, b_type_name: str, group: int):
+    """A weight of random codes straight in the Marlin layout (quantising a
+    28672 x 8192 matrix on the host would dominate the run)."""
+    import ml_dtypes
+
+    from ferrum_ffi.formats import PreparedLinear
+
+    b_type = ff.WeightType[b_type_name]
+    bits = 4 if b_type_name in ("U4", "U4B8") else 8
+    words = rng.integers(0, 2**32, size=(k // 16, n * bits // 8), dtype=np.uint64).astype(np.uint32)
+    if b_type_name == "FE4M3FN":
+        words &= 0x3C3C3C3C  # finite E4M3 bytes of moderate size
+    groups = 1 if group == -1 else k // group
+    dtype = np.dtype(ml_dtypes.bfloat16) if dtype_name == "bfloat16" else np.dtype(np.float16)
+    scales = rng.uniform(0.002, 0.02, size=(groups, n)).astype(dtype)
+    zeros = None
+    if b_type_name == "U4":
+        zeros = rng.integers(0, 2**32, size=(groups, n // 8), dtype=np.uint64).astype(np.uint32).view(np.int32)
+    return PreparedLinear(b=words.view(np.int32), scales=scales, k=k, n=n, group_size=group, b_type=b_type,
+                          dtype=dtype, zero_points=zeros)
+
+
+def bench_types(cp, ff, timer, k: int, n: int, m_values, repeat: int, read_kernel, sms: int, types):
+    rng = np.random.default_rng(k * 7 + n)
+    sink = cp.zeros(1, dtype=cp.int32)
+    w16 = cp.asarray(rng.standard_normal((k, n), dtype=np.float32) * 0.02).astype(cp.float16)
+    torch = None
+    rows = []
+    read_cache: dict[int, float] = {}
+    for name in types:
+        dtype_name, b_type_name, group = TYPES[name]
+        weight = ff.MarlinLinearWeight.from_prepared(random_prepared(ff, rng, k, n, dtype_name, b_type_name, group))
+        nbytes = weight.b.nbytes + weight.scales.nbytes + (0 if weight.zero_points is None else weight.zero_points.nbytes)
+        if nbytes not in read_cache:
+            n16 = nbytes // 16
+            buf = cp.ones(n16 * 4, dtype=cp.int32)
+            read_cache[nbytes] = timer.median_us(
+                lambda: read_kernel((sms * 8,), (256,), (buf, np.int64(n16), sink)), repeat)
+            del buf
+        read_us = read_cache[nbytes]
+        bf16 = dtype_name == "bfloat16"
+        if bf16 and torch is None:
+            import torch
+        for m in m_values:
+            a16 = cp.asarray(rng.standard_normal((m, k)).astype(np.float16))
+            if bf16:
+                ta = torch.as_tensor(a16, device="cuda").to(torch.bfloat16)
+                tw = torch.as_tensor(w16, device="cuda").to(torch.bfloat16)
+                tout = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+                x = ff.bfloat16_view(cp.asarray(ta.view(torch.int16)).view(cp.uint16))
+                out = ff.bfloat16_view(cp.empty((m, n), dtype=cp.uint16))
+                cublas_us = timer.median_us(lambda: torch.matmul(ta, tw, out=tout), repeat)
+            else:
+                x = a16
+                out = cp.empty((m, n), dtype=cp.float16)
+                ref = cp.empty((m, n), dtype=cp.float16)
+                cublas_us = timer.median_us(lambda: cp.matmul(a16, w16, out=ref), repeat)
+            us = timer.median_us(lambda: ff.linear(x, weight, out=out), repeat)
+            rows.append({"type": name, "k": k, "n": n, "m": m, "marlin_us": us, "cublas_us": cublas_us,
+                         "read_us": read_us, "weight_bytes": nbytes, "speedup_vs_cublas": cublas_us / us,
+                         "fraction_of_read_roofline": read_us / us, "marlin_tb_s": nbytes / us / 1e6})
+        del weight
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two shapes, fewer repeats")
@@ -96,6 +178,8 @@ def main(argv=None) -> int:
     parser.add_argument("--m", type=int, nargs="*", default=list(M_VALUES))
     parser.add_argument("--json", type=Path, default=Path("bench_w4a16.json"))
     parser.add_argument("--shapes", type=str, default="", help="k x n list, e.g. 8192x28672,4096x4096")
+    parser.add_argument("--types", type=str, default="",
+                        help="general GEMM types, comma-separated (" + ", ".join(TYPES) + ") or 'all'")
     parser.add_argument("--tile", type=int, nargs=2, default=(-1, -1), metavar=("THREAD_K", "THREAD_N"),
                         help="force a tile (for tuning); default automatic")
     args = parser.parse_args(argv)
@@ -120,15 +204,23 @@ def main(argv=None) -> int:
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     read_kernel = cp.RawKernel(_READ_KERNEL, "stream_read")
     timer = Timer(cp)
+    types = list(TYPES) if args.types == "all" else [t for t in args.types.split(",") if t]
+    unknown = [t for t in types if t not in TYPES]
+    if unknown:
+        print(f"bench: unknown --types {unknown}; choose from {list(TYPES)}", file=sys.stderr)
+        return 2
     results = []
     for k, n in shapes:
-        results += bench_shape(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, tuple(args.tile))
+        if types:
+            results += bench_types(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, types)
+        else:
+            results += bench_shape(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, tuple(args.tile))
     args.json.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                                      "results": results}, indent=2))
-    print(f"{'k x n':>13} {'m':>5} {'marlin us':>10} {'cublas us':>10} {'read us':>8} "
+    print(f"{'type':>12} {'k x n':>13} {'m':>5} {'marlin us':>10} {'cublas us':>10} {'read us':>8} "
           f"{'x cuBLAS':>9} {'of read':>8} {'TB/s':>6}")
     for r in results:
-        print(f"{r['k']:>6}x{r['n']:<6} {r['m']:>5} {r['marlin_us']:>10.1f} {r['cublas_us']:>10.1f} "
+        print(f"{r.get('type', 'f16-w4a16'):>12} {r['k']:>6}x{r['n']:<6} {r['m']:>5} {r['marlin_us']:>10.1f} {r['cublas_us']:>10.1f} "
               f"{r['read_us']:>8.1f} {r['speedup_vs_cublas']:>8.2f}x {r['fraction_of_read_roofline']:>7.0%} "
               f"{r['marlin_tb_s']:>6.2f}")
     return 0
