@@ -8,19 +8,19 @@ decodes its status (``status``).
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import profile
-from ._interop import DeviceArray, as_device_array, producer_streams_to_wait, resolve_stream
+from ._devices import allocate, device_of, prepare_stream, upload
+from ._interop import DeviceArray, as_device_array
 from ._native import library
 from .formats.gptq import repack_gptq_to_marlin, repack_scales_to_marlin
 from .formats.marlin import marlin_pack_int4, marlin_permute_scales
 from .formats.quantize import quantize_int4_symmetric
-from .status import ArgumentError, ArgumentTypeError
+from .status import ArgumentTypeError
 from .validation import (
     DEFAULT_MAX_PAR,
     W4A16Problem,
@@ -41,20 +41,6 @@ ENTRY = "marlin_cuda"
 ToDevice = Callable[[np.ndarray], Any]
 
 
-def _cupy():
-    try:
-        import cupy
-    except ImportError as exc:  # pragma: no cover - depends on the machine
-        raise ArgumentError(
-            "uploading weights needs CuPy (pip install 'ferrum_ffi[cupy]') or a to_device= callable"
-        ) from exc
-    return cupy
-
-
-def _default_to_device(host: np.ndarray) -> Any:
-    return _cupy().asarray(host)
-
-
 def _host(array: Any, name: str) -> np.ndarray:
     """A NumPy view of a host or CuPy/torch array (device arrays are copied down)."""
     if isinstance(array, np.ndarray):
@@ -68,21 +54,6 @@ def _host(array: Any, name: str) -> np.ndarray:
         return np.asarray(array)
     except Exception as exc:
         raise ArgumentTypeError(f"{name}: expected an array, got {type(array).__name__}") from exc
-
-
-def _device_ordinal(obj: Any, array: DeviceArray) -> int:
-    """The device an array lives on, cheaply when its library says so."""
-    device = getattr(obj, "device", None)
-    if array.library == "cupy" and device is not None:
-        return int(device.id)
-    if array.library == "torch" and device is not None and device.index is not None:
-        return int(device.index)
-    if not array.ptr:
-        return 0
-    lib = library()
-    dev = ctypes.c_int(-1)
-    lib.check("ferrum_marlin_pointer_device", lib.ferrum_marlin_pointer_device(array.ptr, ctypes.byref(dev)))
-    return dev.value
 
 
 @dataclass
@@ -127,7 +98,7 @@ class MarlinWeight:
         check_span(entry, "scales", s.nbytes, self.num_experts * groups * self.expert_n * 2)
         check_span(entry, "workspace", ws.nbytes, self.num_experts * workspace_ints(self.expert_n, self.max_par) * 4)
         self._views = (q, s, ws)
-        self._device = _device_ordinal(self.qweight, q)
+        self._device = device_of(self.qweight, q)
 
     @property
     def expert_n(self) -> int:
@@ -155,14 +126,13 @@ class MarlinWeight:
         if len(packed_list) != len(scales_list) or not packed_list:
             fail("MarlinWeight.from_marlin: packed and scales must list the same, non-zero number of experts")
         expert_n = packed_list[0].shape[-1] // 2
-        upload = to_device or _default_to_device
         qweight = np.ascontiguousarray(np.stack(packed_list) if len(packed_list) > 1 else packed_list[0], np.int32)
         scale = np.ascontiguousarray(np.stack(scales_list) if len(scales_list) > 1 else scales_list[0], np.float16)
         workspace = np.zeros(len(packed_list) * workspace_ints(expert_n, max_par), np.int32)
         return cls(
-            qweight=upload(qweight),
-            scales=upload(scale),
-            workspace=upload(workspace),
+            qweight=upload(qweight, to_device),
+            scales=upload(scale, to_device),
+            workspace=upload(workspace, to_device),
             k=int(k),
             n=expert_n * len(packed_list),
             group_size=group_size,
@@ -252,27 +222,6 @@ def launch_marlin_cuda(
     lib.check(ENTRY, code, {"m": p.m, "n": p.n, "k": p.k, "group_size": p.group_size})
 
 
-def _allocate_like(obj: Any, array: DeviceArray, shape: tuple[int, ...], device: int) -> Any:
-    """An fp16 output in the caller's array library."""
-    if array.library == "torch":
-        import torch
-
-        return torch.empty(shape, dtype=torch.float16, device=obj.device)
-    cupy = _cupy()
-    with cupy.cuda.Device(device):
-        return cupy.empty(shape, dtype=cupy.float16)
-
-
-def _prepare_stream(stream: Any, arrays: Sequence[DeviceArray]) -> int:
-    handle = resolve_stream(stream, arrays)
-    producers = producer_streams_to_wait(arrays, handle)
-    if producers:
-        lib = library()
-        for producer in producers:
-            lib.check("ferrum_marlin_stream_wait", lib.ferrum_marlin_stream_wait(handle, producer))
-    return handle
-
-
 def _run(
     entry: str,
     a_ptr: int,
@@ -319,13 +268,13 @@ def _activations(entry: str, a: Any, weight: MarlinWeight) -> DeviceArray:
 
 
 def _check_device(entry: str, name: str, obj: Any, view: DeviceArray, weight: MarlinWeight) -> None:
-    if view.size and _device_ordinal(obj, view) != weight._device:
-        fail(f"{entry}: {name} is on device {_device_ordinal(obj, view)}, the weight on device {weight._device}")
+    if view.size and device_of(obj, view) != weight._device:
+        fail(f"{entry}: {name} is on device {device_of(obj, view)}, the weight on device {weight._device}")
 
 
 def _output(entry: str, out: Any, a: Any, a_view: DeviceArray, shape: tuple[int, ...], device: int) -> tuple[Any, DeviceArray]:
     if out is None:
-        out = _allocate_like(a, a_view, shape, device)
+        out = allocate(a, a_view, shape, np.dtype(np.float16), device)
         return out, as_device_array(out, "out")
     view = as_device_array(out, "out")
     check_array(entry, "out", view, np.float16, ndim=2)
@@ -361,7 +310,7 @@ def marlin_gemm(
     _check_device(entry, "out", out, c_view, weight)
     if m == 0:
         return out
-    handle = _prepare_stream(stream, (a_view, c_view))
+    handle = prepare_stream(stream, (a_view, c_view))
     _run(entry, a_view.ptr, weight, c_view.ptr, m, 0, weight.n, handle, thread_k, thread_n, sms)
     return out
 
@@ -386,7 +335,7 @@ def marlin_gemm_with_offset(
     _check_device(entry, "out", out, c_view, weight)
     if m == 0:
         return out
-    handle = _prepare_stream(stream, (a_view, c_view))
+    handle = prepare_stream(stream, (a_view, c_view))
     _run(entry, a_view.ptr, weight, c_view.ptr, m, expert, expert_n, handle, -1, -1, -1)
     return out
 
@@ -426,7 +375,7 @@ def marlin_gemm_with_offset_strided(
     _check_device(entry, "out", out, c_view, weight)
     if m == 0:
         return out
-    handle = _prepare_stream(stream, (a_view, c_view))
+    handle = prepare_stream(stream, (a_view, c_view))
     a_ptr = a_view.ptr + in_row_offset * weight.k * 2
     c_ptr = c_view.ptr + out_row_offset * expert_n * 2
     _run(entry, a_ptr, weight, c_ptr, m, expert, expert_n, handle, -1, -1, -1)

@@ -453,7 +453,7 @@ def weight_buffers(k=K, n=N, experts=1, max_par=DEFAULT_MAX_PAR, group_size=128)
 
 @pytest.fixture
 def on_device_zero(monkeypatch, no_native):
-    monkeypatch.setattr(dense, "_device_ordinal", lambda obj, array: 0)
+    monkeypatch.setattr(dense, "device_of", lambda obj, array: 0)
 
 
 def make_weight(k=K, n=N, experts=1, group_size=128, max_par=DEFAULT_MAX_PAR, **overrides):
@@ -593,7 +593,7 @@ def test_marlin_gemm_rejects_bad_launch_options(weight, kwargs, match):
 
 
 def test_marlin_gemm_rejects_activations_on_another_device(monkeypatch, weight):
-    monkeypatch.setattr(dense, "_device_ordinal", lambda obj, array: 1)
+    monkeypatch.setattr(dense, "device_of", lambda obj, array: 1)
     with pytest.raises(ArgumentError, match=r"marlin_gemm: a is on device 1, the weight on device 0"):
         ferrum_ffi.marlin_gemm(FakeCAI((4, K)), weight, out=FakeCAI((4, N)))
 
