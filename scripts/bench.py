@@ -115,7 +115,7 @@ def random_prepared(ff, rng, k: int, n: int, dtype_name: str, b_type_name: str, 
 
     b_type = ff.WeightType[b_type_name]
     bits = 4 if b_type_name in ("U4", "U4B8") else 8
-    words = rng.integers(0, 2**32, size=(k // 16, n * bits // 8), dtype=np.uint64).astype(np.uint32)
+    words = rng.integers(0, 2**32, size=(k // 16, n * bits // 2), dtype=np.uint64).astype(np.uint32)
     if b_type_name == "FE4M3FN":
         words &= 0x3C3C3C3C  # finite E4M3 bytes of moderate size
     groups = 1 if group == -1 else k // group
