@@ -36,8 +36,8 @@ Steps 1 and 2 are the same (same tiles, same lane fragments). Step 3 works on
 bytes: every group of 4 values is reordered to ``[0, 2, 1, 3]`` and packed
 into one 32-bit word, value ``i`` in byte ``i`` (bits ``8i .. 8i+7``). The
 buffer is int32 ``[K/16, 4*N]`` (a 64-column slice is ``4 * col0`` words in).
-After the reorder a word holds rows ``r, r+8`` in its even bytes and ``r+1,
-r+9`` in its odd bytes, which is what a byte permute into two ``half2``
+After the reorder a word holds one column's rows r, r+1 in its even bytes and
+r+8, r+9 in its odd bytes, which is what a byte permute into two ``half2``
 fragment registers wants.
 
 Zero points (U4/U8 weights with a zero point per group, ``[G, N]`` codes) are
