@@ -1,5 +1,5 @@
 """Host-side weight formats: INT4 quantisation, the on-disk checkpoint layouts
-(GPTQ, AWQ, compressed-tensors pack-quantized, FP8-E4M3) and the Marlin
+(GPTQ, AWQ, compressed-tensors pack-quantized, FP8-E4M3, MXFP4) and the Marlin
 layouts the kernels consume (see :mod:`.marlin` for why); :mod:`.prepare`
 turns each format into the host buffers of a general-GEMM weight."""
 
@@ -26,6 +26,7 @@ from .fp8 import (
     fp8_reference_dequant,
     prepare_block_fp8_weight_for_fp8_marlin,
     prepare_fp8_weight_for_marlin,
+    quantize_fp8_blocks,
 )
 from .gptq import (
     gptq_pack,
@@ -46,10 +47,21 @@ from .marlin import (
     marlin_pack_int8,
     marlin_pack_zero_points,
     marlin_permute_scales,
+    marlin_scale_permutation,
     marlin_unpack_int4,
     marlin_unpack_int8,
     marlin_unpack_zero_points,
     marlin_unpermute_scales,
+)
+from .mxfp4 import (
+    decode_mxfp4,
+    mxfp4_physical_k,
+    pad_mxfp4_k,
+    permute_mxfp4_marlin_bias_bf16,
+    prepare_mxfp4_expert_scales_for_marlin,
+    quantize_mxfp4,
+    transpose_mxfp4_expert_blocks_to_gptq_words,
+    unpermute_mxfp4_marlin_bias_bf16,
 )
 from .prepare import (
     PreparedLinear,
@@ -69,6 +81,7 @@ __all__ = [
     "marlin_unpack_int8",
     "marlin_permute_scales",
     "marlin_unpermute_scales",
+    "marlin_scale_permutation",
     "marlin_pack_zero_points",
     "marlin_unpack_zero_points",
     "gptq_unpack_int4",
@@ -101,6 +114,15 @@ __all__ = [
     "fp8_reference_dequant",
     "prepare_fp8_weight_for_marlin",
     "prepare_block_fp8_weight_for_fp8_marlin",
+    "quantize_fp8_blocks",
+    "decode_mxfp4",
+    "quantize_mxfp4",
+    "transpose_mxfp4_expert_blocks_to_gptq_words",
+    "prepare_mxfp4_expert_scales_for_marlin",
+    "permute_mxfp4_marlin_bias_bf16",
+    "unpermute_mxfp4_marlin_bias_bf16",
+    "mxfp4_physical_k",
+    "pad_mxfp4_k",
     "quantize_int4_symmetric",
     "dequantize_int4_symmetric",
     "quantize_rtn",

@@ -54,6 +54,7 @@ from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 
 from ._common import (
     bfloat16_bits_to_float32,
+    check_float_dtype,
     check_ndarray,
     check_ndim,
     check_shape,
@@ -84,6 +85,7 @@ __all__ = [
     "fp8_reference_dequant",
     "prepare_fp8_weight_for_marlin",
     "prepare_block_fp8_weight_for_fp8_marlin",
+    "quantize_fp8_blocks",
 ]
 
 FP8_EXPONENT_BIAS_FACTOR = 2.0 ** (15 - 7)
@@ -328,3 +330,48 @@ def prepare_block_fp8_weight_for_fp8_marlin(
     check_ndim(fn, "weight_bytes", weight, 2)
     check_shape(fn, "weight_bytes", weight, (n, k), "[n, k], or n*k bytes")
     return _prepare(fn, weight, _scale_values(fn, "inverse_scales", inverse_scales), "inverse_scales", block)
+
+
+# --------------------------------------------------------------------------
+# Quantiser (tests and demos)
+# --------------------------------------------------------------------------
+_E4M3_MAX = 448.0  # the largest finite E4M3FN value
+
+
+def quantize_fp8_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Round-to-nearest FP8-E4M3 of float ``w [N, K]`` with 128x128 block
+    scales -> ``(weight float8_e4m3fn [N, K], weight_scale_inv float32
+    [ceil(N/128), ceil(K/128)])``, the block-FP8 checkpoint layout (for tests
+    and demos, not a calibrated quantiser; needs ml_dtypes).
+
+    Per block the scale is ``absmax / 448`` rounded **up** to a value whose
+    product with :data:`FP8_EXPONENT_BIAS_FACTOR` is exact in fp16: the
+    prepared Marlin scale is then exactly the checkpoint's, and no value
+    exceeds 448 after the division. An all-zero block gets the scale 1.0."""
+    fn = "quantize_fp8_blocks"
+    if _E4M3FN is None:  # pragma: no cover - exercised only without ml_dtypes
+        raise ArgumentError(f"{fn}: needs the ml_dtypes package (pip install ml_dtypes)")
+    w = check_ndarray(fn, "w", w)
+    check_float_dtype(fn, "w", w)
+    check_ndim(fn, "w", w, 2)
+    n = check_size(fn, "w.shape[0]", w.shape[0])
+    k = check_size(fn, "w.shape[1]", w.shape[1])
+    x = w.astype(np.float64)
+    if not np.isfinite(x).all():
+        raise ArgumentError(f"{fn}: w must be finite")
+    rows, cols = -(-n // FP8_BLOCK[0]), -(-k // FP8_BLOCK[1])
+    padded = np.zeros((rows * FP8_BLOCK[0], cols * FP8_BLOCK[1]))
+    padded[:n, :k] = np.abs(x)
+    absmax = padded.reshape(rows, FP8_BLOCK[0], cols, FP8_BLOCK[1]).max(axis=(1, 3))
+    wanted = absmax / _E4M3_MAX * FP8_EXPONENT_BIAS_FACTOR
+    with np.errstate(over="ignore"):
+        kernel_scale = wanted.astype(np.float16)
+    low = kernel_scale.astype(np.float64) < wanted
+    kernel_scale[low] = np.nextafter(kernel_scale[low], np.float16(np.inf))
+    if not np.isfinite(kernel_scale).all():
+        limit = 65504 / FP8_EXPONENT_BIAS_FACTOR * _E4M3_MAX
+        raise ArgumentError(f"{fn}: w has |w| too large for an fp16 Marlin scale (needs |w| <= ~{limit:.0f})")
+    scale = kernel_scale.astype(np.float64) / FP8_EXPONENT_BIAS_FACTOR
+    scale[absmax == 0] = 1.0
+    per_value = scale[np.arange(n)[:, None] // FP8_BLOCK[0], np.arange(k)[None, :] // FP8_BLOCK[1]]
+    return (x / per_value).astype(_E4M3FN), scale.astype(np.float32)

@@ -114,6 +114,7 @@ __all__ = [
     "marlin_unpack_int8",
     "marlin_permute_scales",
     "marlin_unpermute_scales",
+    "marlin_scale_permutation",
     "marlin_pack_zero_points",
     "marlin_unpack_zero_points",
 ]
@@ -365,6 +366,16 @@ def marlin_unpermute_scales(scales: np.ndarray, group_size: int) -> np.ndarray:
     """Inverse of :func:`marlin_permute_scales` (fp16, or bfloat16 for
     bfloat16 input; same shape)."""
     return _scale_permutation("marlin_unpermute_scales", scales, group_size, inverse=True)
+
+
+def marlin_scale_permutation(group_size: int) -> np.ndarray:
+    """The column order of one row of Marlin scales, as read-only indices:
+    64 of them (grouped, any ``group_size`` but -1) or 32 (channelwise, -1);
+    each chunk of a row becomes ``chunk[perm]``. For data the kernel reads in
+    the scales' order but that are not float scales -- the E8M0 bytes and the
+    bias of MXFP4 (:mod:`.mxfp4`) -- so they get exactly the same order."""
+    group_size = check_group_size("marlin_scale_permutation", group_size)
+    return _SCALE_PERM_CHANNELWISE if group_size == -1 else _SCALE_PERM_GROUPED
 
 
 def marlin_pack_zero_points(zero_points: np.ndarray, bits: int) -> np.ndarray:
