@@ -23,6 +23,18 @@ from .formats import (
 )
 from .general_gemm import linear, release_scratch
 from .mm import launch_marlin_mm
+from .moe import (
+    configure_moe_profile_sink,
+    launch_marlin_cuda_moe,
+    launch_marlin_moe,
+    launch_marlin_moe_mxfp4_bf16,
+)
+from .moe_validation import (
+    MarlinMoeF16Launch,
+    MarlinMoeMxfp4Bf16Launch,
+    MoeBucketProblem,
+    MoeF16WeightType,
+)
 from .profile import drain_profile, profile_label, record_gather, runtime_config
 from .status import (
     ArgumentError,
@@ -30,6 +42,7 @@ from .status import (
     FerrumError,
     LibraryError,
     NativeError,
+    ProfileSinkError,
     StagedNativeStatus,
 )
 from .validation import MmProblem, W4A16Problem
@@ -46,18 +59,27 @@ __all__ = [
     "FerrumError",
     "LibraryError",
     "MarlinLinearWeight",
+    "MarlinMoeF16Launch",
+    "MarlinMoeMxfp4Bf16Launch",
     "MarlinWeight",
     "MmFlag",
     "MmProblem",
+    "MoeBucketProblem",
+    "MoeF16WeightType",
     "NativeError",
+    "ProfileSinkError",
     "StagedNativeStatus",
     "W4A16Problem",
     "WeightType",
     "bfloat16_view",
+    "configure_moe_profile_sink",
     "device_count",
     "drain_profile",
     "launch_marlin_cuda",
+    "launch_marlin_cuda_moe",
     "launch_marlin_mm",
+    "launch_marlin_moe",
+    "launch_marlin_moe_mxfp4_bf16",
     "library",
     "linear",
     "load_linear",

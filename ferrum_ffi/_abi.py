@@ -1,4 +1,4 @@
-"""The numbers of the general Marlin GEMM's C ABI, written once.
+"""The numbers of the C ABI (general Marlin GEMM, fused MoE, MoE ops), written once.
 
 Every value here mirrors a ``#define`` of ``native/include/ferrum_marlin.h``
 under the same name (tests/test_abi.py parses the header and checks each one).
@@ -12,6 +12,9 @@ import enum
 # Activation types (FerrumMarlinLaunch.a_type): activations, scales, bias and C share it.
 FERRUM_DTYPE_F16 = 1
 FERRUM_DTYPE_BF16 = 2
+# Only the MoE ops take it (router logits of ferrum_topk_softmax); no GEMM does,
+# so it is not an ActivationType.
+FERRUM_DTYPE_F32 = 3
 
 # Weight types (FerrumMarlinLaunch.b_type).
 FERRUM_WEIGHT_U4 = 1  # INT4 codes with a zero point per group and column: (q - z) * s
@@ -31,6 +34,12 @@ FERRUM_MM_LAUNCH_VERSION = 1
 FERRUM_FP8_SCALE_FACTOR = 256
 FERRUM_MM_WORKSPACE_INTS_PER_SM = 4
 FERRUM_MM_C_TMP_FLOATS_PER_SM = 65536
+
+# Fused-MoE GEMM scratch: int32 locks per multiprocessor, and fp32 c_tmp floats per
+# multiprocessor and per row of moe_block_size (two resident blocks per SM, each
+# owning up to two moe_block_size x 256 fp32 tiles).
+FERRUM_MOE_WORKSPACE_INTS_PER_SM = 4
+FERRUM_MOE_C_TMP_FLOATS_PER_SM_PER_ROW = 1024
 
 MM_FLAGS_KNOWN = (
     FERRUM_MM_FLAG_ACT_ORDER

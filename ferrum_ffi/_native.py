@@ -73,6 +73,34 @@ class FerrumMarlinLaunch(ctypes.Structure):
         ("thread_n", ctypes.c_int),
     ]
 
+# The INT4 and FP8 fused-MoE entry points share one signature.
+_VLLM_MOE_F16_ARGS: list[object] = [
+    ctypes.c_void_p,  # a
+    ctypes.c_void_p,  # b
+    ctypes.c_void_p,  # c
+    ctypes.c_void_p,  # c_tmp
+    ctypes.c_void_p,  # b_scales
+    ctypes.c_void_p,  # b_zeros
+    ctypes.c_void_p,  # workspace
+    ctypes.c_void_p,  # sorted_token_ids
+    ctypes.c_void_p,  # expert_ids
+    ctypes.c_void_p,  # num_tokens_past_padded
+    ctypes.c_void_p,  # topk_weights
+    ctypes.c_int,  # moe_block_size
+    ctypes.c_int,  # top_k
+    ctypes.c_int,  # mul_topk_weights
+    ctypes.c_int,  # is_ep
+    ctypes.c_int,  # prob_m
+    ctypes.c_int,  # prob_n
+    ctypes.c_int,  # prob_k
+    ctypes.c_int,  # group_size
+    ctypes.c_int,  # has_zp
+    ctypes.c_int,  # dev
+    _stream,  # stream
+    ctypes.c_int,  # use_atomic_add
+    ctypes.c_int,  # use_fp32_reduce
+]
+
 # name -> (restype, argtypes), mirroring the header line by line.
 PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "ferrum_marlin_abi_version": (ctypes.c_int, []),
@@ -120,6 +148,152 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
         ],
     ),
     "ferrum_marlin_mm": (ctypes.c_int, [ctypes.POINTER(FerrumMarlinLaunch)]),
+    # ---- fused-MoE Marlin GEMMs. Device arrays typed int* / float* in the header
+    # are c_void_p here so that integer device addresses pass as they are.
+    "ferrum_vllm_marlin_moe_f16": (ctypes.c_int, _VLLM_MOE_F16_ARGS),
+    "ferrum_vllm_marlin_moe_fp8_f16": (ctypes.c_int, _VLLM_MOE_F16_ARGS),
+    "ferrum_vllm_marlin_moe_mxfp4_bf16": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,  # a
+            ctypes.c_void_p,  # b
+            ctypes.c_void_p,  # c
+            ctypes.c_void_p,  # c_tmp
+            ctypes.c_void_p,  # b_bias
+            ctypes.c_void_p,  # b_scales
+            ctypes.c_void_p,  # workspace
+            ctypes.c_void_p,  # sorted_token_ids
+            ctypes.c_void_p,  # expert_ids
+            ctypes.c_void_p,  # num_tokens_past_padded
+            ctypes.c_void_p,  # topk_weights
+            ctypes.c_int,  # moe_block_size
+            ctypes.c_int,  # top_k
+            ctypes.c_int,  # mul_topk_weights
+            ctypes.c_int,  # is_ep
+            ctypes.c_int,  # prob_m
+            ctypes.c_int,  # prob_n
+            ctypes.c_int,  # prob_k
+            ctypes.c_int,  # group_size
+            ctypes.c_int,  # dev
+            _stream,  # stream
+            ctypes.c_int,  # use_atomic_add
+            ctypes.c_int,  # use_fp32_reduce
+        ],
+    ),
+    "ferrum_vllm_marlin_moe_set_profile_config": (
+        None,
+        [
+            ctypes.c_char_p,  # path
+            ctypes.c_char_p,  # commit_sha
+            ctypes.c_char_p,  # env_hash
+            ctypes.c_char_p,  # model
+            ctypes.c_int,  # concurrency
+            ctypes.c_char_p,  # runtime_flags_json
+        ],
+    ),
+    "ferrum_vllm_marlin_moe_clear_profile_config": (None, []),
+    "ferrum_vllm_marlin_moe_profile_enabled": (ctypes.c_int, []),
+    "marlin_cuda_moe": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,  # A
+            ctypes.c_void_p,  # B
+            ctypes.c_void_p,  # C
+            ctypes.c_void_p,  # s
+            ctypes.c_int,  # prob_m
+            ctypes.c_int,  # prob_n
+            ctypes.c_int,  # prob_k
+            ctypes.c_void_p,  # workspace
+            ctypes.c_void_p,  # a_row_offsets
+            ctypes.c_void_p,  # tokens_per_expert
+            ctypes.c_void_p,  # active_expert_ids
+            ctypes.c_int,  # expert_count
+            ctypes.c_int,  # b_int4_per_expert
+            ctypes.c_int,  # s_int4_per_expert
+            ctypes.c_int,  # locks_i32_per_expert
+            ctypes.c_int,  # groupsize
+            ctypes.c_int,  # dev
+            _stream,  # stream
+            ctypes.c_int,  # thread_k
+            ctypes.c_int,  # thread_n
+            ctypes.c_int,  # sms
+            ctypes.c_int,  # prob_n_full
+        ],
+    ),
+    # ---- MoE routing and the small ops of a MoE layer
+    "ferrum_moe_align_block_size": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,  # topk_ids
+            ctypes.c_int,  # num_tokens
+            ctypes.c_int,  # top_k
+            ctypes.c_int,  # num_experts
+            ctypes.c_int,  # block_size
+            ctypes.c_void_p,  # expert_map
+            ctypes.c_void_p,  # sorted_token_ids
+            ctypes.c_int,  # sorted_capacity
+            ctypes.c_void_p,  # expert_ids
+            ctypes.c_int,  # expert_ids_capacity
+            ctypes.c_void_p,  # num_tokens_post_padded
+            ctypes.c_int,  # dev
+            _stream,  # stream
+        ],
+    ),
+    "ferrum_topk_softmax": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,  # logits
+            ctypes.c_int,  # dtype
+            ctypes.c_int,  # num_tokens
+            ctypes.c_int,  # num_experts
+            ctypes.c_int,  # top_k
+            ctypes.c_int,  # renormalize
+            ctypes.c_void_p,  # topk_weights
+            ctypes.c_void_p,  # topk_ids
+            ctypes.c_int,  # dev
+            _stream,  # stream
+        ],
+    ),
+    "ferrum_silu_and_mul": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,  # x
+            ctypes.c_void_p,  # out
+            ctypes.c_int,  # rows
+            ctypes.c_int,  # d
+            ctypes.c_int,  # dtype
+            ctypes.c_int,  # dev
+            _stream,  # stream
+        ],
+    ),
+    "ferrum_gpt_oss_swiglu": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,  # x
+            ctypes.c_void_p,  # out
+            ctypes.c_int,  # rows
+            ctypes.c_int,  # logical_d
+            ctypes.c_int,  # physical_d
+            ctypes.c_float,  # alpha
+            ctypes.c_float,  # limit
+            ctypes.c_int,  # dtype
+            ctypes.c_int,  # dev
+            _stream,  # stream
+        ],
+    ),
+    "ferrum_moe_sum": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,  # x
+            ctypes.c_void_p,  # out
+            ctypes.c_int,  # tokens
+            ctypes.c_int,  # top_k
+            ctypes.c_int,  # d
+            ctypes.c_int,  # dtype
+            ctypes.c_int,  # dev
+            _stream,  # stream
+        ],
+    ),
 }
 
 

@@ -109,6 +109,11 @@ class LibraryError(FerrumError, RuntimeError):
     """The native library is missing, unloadable, or of another ABI version."""
 
 
+class ProfileSinkError(FerrumError, OSError):
+    """The native MoE profile sink could not be switched on (e.g. its file cannot
+    be opened); the message carries the library's reason."""
+
+
 class NativeError(FerrumError, RuntimeError):
     """A native entry point returned a failure status."""
 

@@ -148,32 +148,40 @@ def workspace_ints(n: int, max_par: int = DEFAULT_MAX_PAR) -> int:
     return max(1, n // 128) * max_par
 
 
+def check_w4a16_shape(
+    entry: str, m: int, n: int, k: int, group_size: int, n_full: int, thread_k: int, thread_n: int, sms: int
+) -> None:
+    """The shape, tile and sms rules of the W4A16 kernel, shared by ``marlin_cuda``
+    and the bucketed ``marlin_cuda_moe`` (integers already checked)."""
+    check_positive(entry, "n", n)
+    check_positive(entry, "k", k)
+    check_multiple(entry, "n", n, 64)
+    check_multiple(entry, "k", k, 128)
+    if group_size not in W4A16_GROUP_SIZES:
+        fail(f"{entry}: group_size={group_size} must be -1 (channelwise) or 128")
+    if n_full != -1 and (n_full < n or n_full % 64 != 0):
+        fail(f"{entry}: n_full={n_full} must be -1 or a multiple of 64 that is >= n={n}")
+    if (thread_k, thread_n) not in W4A16_TILES:
+        fail(
+            f"{entry}: (thread_k, thread_n)=({thread_k}, {thread_n}) must be one of "
+            f"{', '.join(str(t) for t in W4A16_TILES)}"
+        )
+    if thread_n != -1:
+        check_multiple(entry, "n", n, thread_n)
+        check_multiple(entry, "k", k, thread_k)
+    if (thread_k, thread_n) == (128, 256) and m > W4A16_DEEP_TILE_MAX_M:
+        fail(f"{entry}: tile (thread_k=128, thread_n=256) serves m <= {W4A16_DEEP_TILE_MAX_M}, got m={m}")
+    if sms != -1 and sms < 1:
+        fail(f"{entry}: sms={sms} must be -1 (all) or >= 1")
+
+
 def validate_w4a16(problem: W4A16Problem, entry: str = "marlin_cuda") -> None:
     """The shape rules of ``marlin_cuda`` (mirrors native/src/dense/marlin_cuda.cpp)."""
     p = problem
     for name in ("m", "n", "k", "group_size", "n_full", "thread_k", "thread_n", "sms", "max_par"):
         check_int(entry, name, getattr(p, name))
     check_non_negative(entry, "m", p.m)
-    check_positive(entry, "n", p.n)
-    check_positive(entry, "k", p.k)
-    check_multiple(entry, "n", p.n, 64)
-    check_multiple(entry, "k", p.k, 128)
-    if p.group_size not in W4A16_GROUP_SIZES:
-        fail(f"{entry}: group_size={p.group_size} must be -1 (channelwise) or 128")
-    if p.n_full != -1 and (p.n_full < p.n or p.n_full % 64 != 0):
-        fail(f"{entry}: n_full={p.n_full} must be -1 or a multiple of 64 that is >= n={p.n}")
-    if (p.thread_k, p.thread_n) not in W4A16_TILES:
-        fail(
-            f"{entry}: (thread_k, thread_n)=({p.thread_k}, {p.thread_n}) must be one of "
-            f"{', '.join(str(t) for t in W4A16_TILES)}"
-        )
-    if p.thread_n != -1:
-        check_multiple(entry, "n", p.n, p.thread_n)
-        check_multiple(entry, "k", p.k, p.thread_k)
-    if (p.thread_k, p.thread_n) == (128, 256) and p.m > W4A16_DEEP_TILE_MAX_M:
-        fail(f"{entry}: tile (thread_k=128, thread_n=256) serves m <= {W4A16_DEEP_TILE_MAX_M}, got m={p.m}")
-    if p.sms != -1 and p.sms < 1:
-        fail(f"{entry}: sms={p.sms} must be -1 (all) or >= 1")
+    check_w4a16_shape(entry, p.m, p.n, p.k, p.group_size, p.n_full, p.thread_k, p.thread_n, p.sms)
     if p.max_par < 1:
         fail(f"{entry}: max_par={p.max_par} must be >= 1")
     # One lock per column tile; the narrowest tile the call can use decides.

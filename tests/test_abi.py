@@ -2,7 +2,8 @@
 
 Needs the built library (found through the normal loader: the installed
 package, or FERRUM_MARLIN_LIBRARY); skipped cleanly only when it cannot be
-found. No test here needs a GPU: the native argument checks run before any
+found or is an installed build older than the header (its own copy of the
+header lacks the functions it misses); any other missing export fails. No test here needs a GPU: the native argument checks run before any
 device query, and on a machine without a GPU every entry point must answer a
 staged status instead of crashing.
 """
@@ -28,8 +29,8 @@ HEADER = Path(__file__).resolve().parents[1] / "native" / "include" / "ferrum_ma
 # ---- parsing the header ------------------------------------------------------------
 
 
-def _header_text() -> str:
-    text = HEADER.read_text()
+def _header_text(header: Path = HEADER) -> str:
+    text = header.read_text()
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
     return re.sub(r"//[^\n]*", " ", text)
 
@@ -53,9 +54,9 @@ def _header_struct(name: str) -> list[tuple[str, str]]:
     return fields
 
 
-def _parse_declarations() -> dict[str, tuple[str, list[str]]]:
+def _parse_declarations(header: Path = HEADER) -> dict[str, tuple[str, list[str]]]:
     """name -> (return type, parameter declarations) of every FERRUM_API function."""
-    code = "\n".join(line for line in _header_text().splitlines() if not line.lstrip().startswith("#"))
+    code = "\n".join(line for line in _header_text(header).splitlines() if not line.lstrip().startswith("#"))
     declarations = {}
     pattern = re.compile(r"FERRUM_API\s+([\w\s\*]+?)\s*\b(\w+)\s*\(([^)]*)\)\s*;", re.S)
     for ret, name, params in pattern.findall(code):
@@ -70,14 +71,13 @@ DECLARATIONS = _parse_declarations()
 
 
 def _c_kind(declaration: str) -> str:
-    """'pointer', 'size_t' or 'int' for a C return type or parameter declaration."""
+    """'pointer', 'size_t', 'int', 'float' or 'void' for a C return type or
+    parameter declaration."""
     if "*" in declaration or "ferrum_stream_t" in declaration:
         return "pointer"
     words = declaration.replace("const", " ").split()
-    if words and words[0] == "size_t":
-        return "size_t"
-    if words and words[0] == "int":
-        return "int"
+    if words and words[0] in ("size_t", "int", "float", "void"):
+        return words[0]
     raise AssertionError(f"unexpected C type in {declaration!r}")
 
 
@@ -86,6 +86,10 @@ def _ctypes_kind(ctype: object) -> str:
         return "int"
     if ctype is ctypes.c_size_t:
         return "size_t"
+    if ctype is ctypes.c_float:
+        return "float"
+    if ctype is None:
+        return "void"
     if ctype in (ctypes.c_void_p, ctypes.c_char_p) or (
         isinstance(ctype, type) and issubclass(ctype, ctypes._Pointer)
     ):
@@ -115,12 +119,10 @@ def test_argument_count_and_kinds_match_the_header(name):
     assert len(argtypes) == len(params), f"{name}: header has {len(params)} parameters"
     for index, (param, ctype) in enumerate(zip(params, argtypes)):
         assert _ctypes_kind(ctype) == _c_kind(param), f"{name} parameter {index}: {param!r} vs {ctype!r}"
-    if _c_kind(ret) == "int":
-        assert restype is ctypes.c_int, name
-    elif "char" in ret:
+    if "char" in ret:
         assert restype is ctypes.c_char_p, name
     else:
-        assert _ctypes_kind(restype) == "pointer", name
+        assert _ctypes_kind(restype) == _c_kind(ret), name
 
 
 def test_header_abi_version_matches_the_package():
@@ -139,7 +141,7 @@ def test_header_stage_defines_match_the_python_stage_table():
 # ---- the general GEMM's struct and numbers (pure text, no library) --------------------
 
 LAUNCH_FIELDS = _header_struct("FerrumMarlinLaunch")
-ABI_DEFINE_PREFIXES = ("FERRUM_DTYPE_", "FERRUM_WEIGHT_", "FERRUM_MM_", "FERRUM_FP8_")
+ABI_DEFINE_PREFIXES = ("FERRUM_DTYPE_", "FERRUM_WEIGHT_", "FERRUM_MM_", "FERRUM_FP8_", "FERRUM_MOE_")
 
 
 def _struct_ctype(declaration: str) -> object:
@@ -173,11 +175,11 @@ def test_ferrum_marlin_mm_takes_a_pointer_to_the_struct():
     assert DECLARATIONS["ferrum_marlin_mm"] == ("int", ["const FerrumMarlinLaunch* launch"])
 
 
-def test_every_general_gemm_define_is_mirrored_once_in_python():
+def test_every_abi_define_is_mirrored_once_in_python():
     from ferrum_ffi import _abi
 
     defines = {name: value for name, value in _header_defines().items() if name.startswith(ABI_DEFINE_PREFIXES)}
-    assert len(defines) == 15, sorted(defines)
+    assert len(defines) == 18, sorted(defines)
     for name, value in defines.items():
         assert getattr(_abi, name) == value, name
     python_names = {name for name in vars(_abi) if name.startswith(ABI_DEFINE_PREFIXES)}
@@ -191,7 +193,9 @@ def test_enums_carry_the_header_numbers():
     for enum_type, prefix in ((_abi.ActivationType, "FERRUM_DTYPE_"), (_abi.WeightType, "FERRUM_WEIGHT_"),
                               (_abi.MmFlag, "FERRUM_MM_FLAG_")):
         members = {f"{prefix}{member.name}": int(member) for member in enum_type}
-        expected = {name: value for name, value in defines.items() if name.startswith(prefix)}
+        # F32 is a dtype of the MoE ops only, not an activation type of a GEMM.
+        expected = {name: value for name, value in defines.items()
+                    if name.startswith(prefix) and name != "FERRUM_DTYPE_F32"}
         assert members == expected, enum_type
     assert _abi.MM_FLAGS_KNOWN == sum(int(flag) for flag in _abi.MmFlag)
 
@@ -221,12 +225,53 @@ def test_struct_offsets_and_size_match_a_c_compiler(tmp_path):
 # ---- the library -------------------------------------------------------------------
 
 
+def _found_library() -> Path | None:
+    """The file the loader would load, if there is one."""
+    return next((path for path in _native._search_paths() if path.is_file()), None)
+
+
+def _missing_exports(path: Path) -> set[str]:
+    cdll = ctypes.CDLL(str(path))
+    return {name for name in DECLARATIONS if not hasattr(cdll, name)}
+
+
+def _predates_the_header(path: Path, missing: set[str]) -> bool:
+    """True for a library built before ``missing`` entered the header: its own
+    header, installed beside it (``include/ferrum_marlin.h``, as the wheel
+    ships it), declares none of them. A library without its header beside it
+    (a build folder) counts as built from this tree."""
+    own = path.parent / "include" / "ferrum_marlin.h"
+    return own.is_file() and not missing & set(_parse_declarations(own))
+
+
 @pytest.fixture(scope="module")
 def lib() -> NativeLibrary:
+    """The loaded library. Skips when there is none, or when it is an older
+    build that lacks newer functions; a library that lacks a function its own
+    header declares fails every test that needs it."""
     try:
         return ferrum_ffi.library()
     except LibraryError as exc:
-        pytest.skip(f"libferrum_marlin.so not available: {exc}")
+        path = _found_library()
+        try:
+            missing = _missing_exports(path) if path else set()
+        except OSError:
+            missing = set()  # not loadable at all: the loader tests cover that
+        if missing and not _predates_the_header(path, missing):
+            pytest.fail(f"{path} does not export {', '.join(sorted(missing))}, which the header declares: {exc}")
+        state = "built from an older ferrum_marlin.h (rebuild it)" if missing else "not available"
+        pytest.skip(f"libferrum_marlin.so {state}: {exc}")
+
+
+def test_a_library_counts_as_stale_only_when_its_own_header_lacks_the_missing_functions(tmp_path):
+    library_path = tmp_path / "libferrum_marlin.so"
+    assert not _predates_the_header(library_path, {"ferrum_moe_sum"})  # no header beside it: strict
+    own = tmp_path / "include" / "ferrum_marlin.h"
+    own.parent.mkdir()
+    own.write_text("FERRUM_API int ferrum_marlin_abi_version(void);\n")
+    assert _predates_the_header(library_path, {"ferrum_moe_sum"})
+    own.write_text(HEADER.read_text())  # built from this header, yet missing a function
+    assert not _predates_the_header(library_path, {"ferrum_moe_sum"})
 
 
 @pytest.fixture(scope="module")
@@ -695,3 +740,151 @@ def test_launch_marlin_mm_without_a_gpu_raises_native_error(lib, no_gpu):
     assert err.entry_point == "ferrum_marlin_mm"
     assert err.stage in (1, 9)
     assert err.shape["b_type"] == "U4B8" and err.shape["a_type"] == "BF16"
+
+
+# ---- the fused-MoE entry points' own checks (before any device query) ----------------
+
+from ferrum_ffi.moe_validation import (  # noqa: E402
+    MarlinMoeF16Launch,
+    MarlinMoeMxfp4Bf16Launch,
+    MoeF16WeightType,
+)
+
+MOE_F16_GOOD = dict(
+    a=0x1000, b=0x2000, c=0x3000, c_tmp=None, b_scales=0x4000, b_zeros=None, workspace=0x5000,
+    sorted_token_ids=0x6000, expert_ids=0x7000, num_tokens_past_padded=0x8000, topk_weights=None,
+    moe_block_size=16, top_k=8, mul_topk_weights=0, is_ep=0, prob_m=4, prob_n=1024, prob_k=2048, group_size=128,
+    has_zp=0, dev=0, stream=None, use_atomic_add=1, use_fp32_reduce=0,
+)
+MOE_MXFP4_GOOD = dict(
+    a=0x1000, b=0x2000, c=0x3000, c_tmp=None, b_bias=0x4000, b_scales=0x5000, workspace=0x6000,
+    sorted_token_ids=0x7000, expert_ids=0x8000, num_tokens_past_padded=0x9000, topk_weights=None,
+    moe_block_size=16, top_k=2, mul_topk_weights=0, is_ep=0, prob_m=4, prob_n=512, prob_k=256, group_size=32,
+    dev=0, stream=None, use_atomic_add=1, use_fp32_reduce=0,
+)
+
+
+def _header_parameter_names(name: str) -> list[str]:
+    return [p.replace("*", " ").split()[-1] for p in DECLARATIONS[name][1]]
+
+
+def test_moe_argument_tables_follow_the_header():
+    for entry in ("ferrum_vllm_marlin_moe_f16", "ferrum_vllm_marlin_moe_fp8_f16"):
+        assert _header_parameter_names(entry) == list(MOE_F16_GOOD)
+    assert _header_parameter_names("ferrum_vllm_marlin_moe_mxfp4_bf16") == list(MOE_MXFP4_GOOD)
+
+
+def _f16_launch(weight_type: MoeF16WeightType, args: dict) -> MarlinMoeF16Launch:
+    """The Python record of a C argument list (0/None optional pointers absent)."""
+    return MarlinMoeF16Launch(
+        weight_type=weight_type, a=args["a"] or 0, b=args["b"] or 0, c=args["c"] or 0,
+        scales=args["b_scales"] or 0, workspace=args["workspace"] or 0,
+        sorted_token_ids=args["sorted_token_ids"] or 0, expert_ids=args["expert_ids"] or 0,
+        num_tokens_past_padded=args["num_tokens_past_padded"] or 0, moe_block_size=args["moe_block_size"],
+        top_k=args["top_k"], prob_m=args["prob_m"], prob_n=args["prob_n"], prob_k=args["prob_k"],
+        group_size=args["group_size"], c_tmp=args["c_tmp"] or None, zero_points=args["b_zeros"] or None,
+        topk_weights=args["topk_weights"] or None, mul_topk_weights=bool(args["mul_topk_weights"]),
+        is_ep=bool(args["is_ep"]), has_zero_points=bool(args["has_zp"]), device_ordinal=args["dev"],
+        use_atomic_add=bool(args["use_atomic_add"]), use_fp32_reduce=bool(args["use_fp32_reduce"]),
+    )
+
+
+def _mxfp4_launch(args: dict) -> MarlinMoeMxfp4Bf16Launch:
+    return MarlinMoeMxfp4Bf16Launch(
+        expert_count=4, a=args["a"] or 0, b=args["b"] or 0, c=args["c"] or 0, bias=args["b_bias"] or 0,
+        scales=args["b_scales"] or 0, workspace=args["workspace"] or 0,
+        sorted_token_ids=args["sorted_token_ids"] or 0, expert_ids=args["expert_ids"] or 0,
+        num_tokens_past_padded=args["num_tokens_past_padded"] or 0, moe_block_size=args["moe_block_size"],
+        top_k=args["top_k"], prob_m=args["prob_m"], prob_n=args["prob_n"], prob_k=args["prob_k"],
+        group_size=args["group_size"], c_tmp=args["c_tmp"] or None, topk_weights=args["topk_weights"] or None,
+        mul_topk_weights=bool(args["mul_topk_weights"]), is_ep=bool(args["is_ep"]), device_ordinal=args["dev"],
+        use_atomic_add=bool(args["use_atomic_add"]), use_fp32_reduce=bool(args["use_fp32_reduce"]),
+    )
+
+
+def test_moe_good_tables_pass_python():
+    _f16_launch(MoeF16WeightType.U4B8, MOE_F16_GOOD).validate()
+    _f16_launch(MoeF16WeightType.E4M3, MOE_F16_GOOD).validate()
+    _mxfp4_launch(MOE_MXFP4_GOOD).validate()
+
+
+# C-argument changes that break one rule the header says the library checks itself.
+MOE_SHARED_BAD = {
+    "null_a": dict(a=None),
+    "misaligned_b": dict(b=0x2008),
+    "misaligned_workspace": dict(workspace=0x5002),
+    "block_size": dict(moe_block_size=24),
+    "top_k": dict(top_k=0),
+    "rows_overflow": dict(prob_m=2**31 - 1),
+    "prob_n": dict(prob_n=96),
+    "tile": dict(prob_n=64, prob_k=64, group_size=-1),
+    "mul_topk_without_weights": dict(mul_topk_weights=1),
+    "both_reductions": dict(use_fp32_reduce=1, c_tmp=0xA000),
+    "no_reduction": dict(use_atomic_add=0),
+    "c_tmp_without_fp32_reduce": dict(c_tmp=0xA000),
+}
+MOE_F16_BAD = {
+    **MOE_SHARED_BAD,
+    "prob_k": dict(prob_k=96, group_size=-1),
+    "int4_group_16": dict(group_size=16),
+    "has_zp_without_zeros": dict(has_zp=1),
+    "zeros_without_has_zp": dict(b_zeros=0x9000),
+}
+MOE_FP8_BAD = {**MOE_SHARED_BAD, "group_64": dict(group_size=64), "zero_points": dict(has_zp=1, b_zeros=0x9000)}
+MOE_MXFP4_BAD = {
+    **MOE_SHARED_BAD,
+    "tile": dict(prob_n=64, prob_k=96),  # group 32 divides k, no tile does
+    "group_64": dict(group_size=64),
+    "null_bias": dict(b_bias=None),
+}
+
+
+def _expect_refused(lib, entry: str, args: dict) -> None:
+    status = StagedNativeStatus.decode(getattr(lib, entry)(*args.values()))
+    assert status is not None and status.stage in (7, 8), (entry, status)
+    assert lib.last_error()
+
+
+@pytest.mark.parametrize("case", sorted(MOE_F16_BAD))
+def test_python_and_library_refuse_the_same_int4_moe_launches(lib, case):
+    args = {**MOE_F16_GOOD, **MOE_F16_BAD[case]}
+    with pytest.raises((ferrum_ffi.ArgumentError, ferrum_ffi.ArgumentTypeError)):
+        _f16_launch(MoeF16WeightType.U4B8, args).validate()
+    _expect_refused(lib, "ferrum_vllm_marlin_moe_f16", args)
+
+
+@pytest.mark.parametrize("case", sorted(MOE_FP8_BAD))
+def test_python_and_library_refuse_the_same_fp8_moe_launches(lib, case):
+    args = {**MOE_F16_GOOD, **MOE_FP8_BAD[case]}
+    with pytest.raises((ferrum_ffi.ArgumentError, ferrum_ffi.ArgumentTypeError)):
+        _f16_launch(MoeF16WeightType.E4M3, args).validate()
+    _expect_refused(lib, "ferrum_vllm_marlin_moe_fp8_f16", args)
+
+
+@pytest.mark.parametrize("case", sorted(MOE_MXFP4_BAD))
+def test_python_and_library_refuse_the_same_mxfp4_moe_launches(lib, case):
+    args = {**MOE_MXFP4_GOOD, **MOE_MXFP4_BAD[case]}
+    with pytest.raises((ferrum_ffi.ArgumentError, ferrum_ffi.ArgumentTypeError)):
+        _mxfp4_launch(args).validate()
+    _expect_refused(lib, "ferrum_vllm_marlin_moe_mxfp4_bf16", args)
+
+
+# ---- the MoE profile sink (host only) ---------------------------------------------------
+
+
+def test_profile_sink_opens_its_file_and_clears(lib, tmp_path):
+    path = tmp_path / "moe.jsonl"
+    ferrum_ffi.configure_moe_profile_sink(path, commit_sha="abc", model="m", runtime_flags={"x": 1})
+    try:
+        assert lib.ferrum_vllm_marlin_moe_profile_enabled() == 1
+        assert path.exists()
+    finally:
+        ferrum_ffi.configure_moe_profile_sink(None)
+    assert lib.ferrum_vllm_marlin_moe_profile_enabled() == 0
+
+
+def test_profile_sink_that_cannot_open_raises_with_the_native_reason(lib, tmp_path):
+    with pytest.raises(ferrum_ffi.ProfileSinkError, match="stayed off") as info:
+        ferrum_ffi.configure_moe_profile_sink(tmp_path / "no" / "such" / "dir" / "moe.jsonl")
+    assert lib.ferrum_vllm_marlin_moe_profile_enabled() == 0
+    assert not str(info.value).endswith("no reason given")

@@ -12,6 +12,7 @@ from ferrum_ffi.status import (
     FerrumError,
     LibraryError,
     NativeError,
+    ProfileSinkError,
     StagedNativeStatus,
     cuda_error_name,
 )
@@ -71,7 +72,7 @@ def test_stage_with_zero_cuda_status_is_still_a_failure():
     assert (status.stage, status.stage_name, status.cuda_status) == (8, "shape", 0)
 
 
-@pytest.mark.parametrize("stage", [0, 10, 11, 0x7FFF, 0xFFFF])
+@pytest.mark.parametrize("stage", [0, 10, 11, 17, 0x7FFF, 0xFFFF])
 def test_unknown_stages_decode_as_unknown(stage):
     code = (stage << 16) | 3
     if code >= 1 << 31:  # as the native int32 return value would read
@@ -201,6 +202,7 @@ def test_native_error_can_be_raised_and_caught_as_runtime_error():
         (ArgumentTypeError, TypeError),
         (LibraryError, RuntimeError),
         (NativeError, RuntimeError),
+        (ProfileSinkError, OSError),
     ],
 )
 def test_exceptions_subclass_the_documented_builtins(cls, builtin):
@@ -222,3 +224,4 @@ def test_package_reexports_the_same_objects():
     assert ferrum_ffi.ArgumentTypeError is ArgumentTypeError
     assert ferrum_ffi.LibraryError is LibraryError
     assert ferrum_ffi.FerrumError is FerrumError
+    assert ferrum_ffi.ProfileSinkError is ProfileSinkError
