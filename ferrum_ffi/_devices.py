@@ -89,17 +89,19 @@ def allocate(
     stream: int | None = None,
 ) -> Any:
     """An uninitialised device array in the library of ``like`` (CuPy unless
-    ``like`` is a torch tensor); a bfloat16 view over uint16 when ``like`` is
-    one, or when CuPy cannot hold bfloat16.
+    ``like`` is a torch tensor); bfloat16 as a view over uint16 when ``like``
+    is such a view, or when CuPy cannot hold bfloat16.
 
     ``stream``: allocate on that stream (CuPy and PyTorch caching allocators
     hand a freed block only to later allocations on the stream it was
     allocated on, which keeps a cached scratch buffer that is replaced while a
     kernel on ``stream`` still uses it from being reused by other streams)."""
-    if isinstance(like, Bfloat16Array):
-        storage = allocate(like.base, None, shape, np.dtype(np.uint16), device, stream)
-        return Bfloat16Array(storage)
     dtype = np.dtype(dtype)
+    if isinstance(like, Bfloat16Array):
+        # The view's library holds bfloat16 as uint16 bits; other dtypes as they are.
+        if not is_bfloat16(dtype):
+            return allocate(like.base, None, shape, dtype, device, stream)
+        return Bfloat16Array(allocate(like.base, None, shape, np.dtype(np.uint16), device, stream))
     if _library_of(like, view) == "torch":
         import contextlib
 

@@ -36,9 +36,10 @@ from .validation import (
     W4A16Problem,
     check_int,
     check_non_negative,
+    check_multiple,
     check_pointer,
+    check_positive,
     check_span,
-    check_w4a16_shape,
     checked_product,
     fail,
     validate_w4a16_pointers,
@@ -487,9 +488,38 @@ class MoeBucketProblem:
                             thread_k=self.thread_k, thread_n=self.thread_n, sms=self.sms)
 
 
+# (thread_k, thread_n) of the routed tiles the bucketed kernel is built with.
+BUCKET_TILES = ((-1, -1), (128, 128), (128, 64), (64, 256), (64, 128))
+
+
+def _check_bucket_shape(entry: str, p: "MoeBucketProblem") -> None:
+    """The bucketed kernel runs the routed (MoE) tiles: n and k multiples of 64
+    that one of them divides, groups -1 or 128 (mirrors marlin_cuda_moe.cpp)."""
+    check_positive(entry, "n", p.n)
+    check_positive(entry, "k", p.k)
+    check_multiple(entry, "n", p.n, 64)
+    check_multiple(entry, "k", p.k, 64)
+    if p.group_size not in (-1, 128):
+        fail(f"{entry}: group_size={p.group_size} must be -1 (channelwise) or 128")
+    if p.group_size == 128:
+        check_multiple(entry, "k", p.k, 128)
+    if p.n_full != -1 and (p.n_full < p.n or p.n_full % 64 != 0):
+        fail(f"{entry}: n_full={p.n_full} must be -1 or a multiple of 64 that is >= n={p.n}")
+    if (p.thread_k, p.thread_n) not in BUCKET_TILES:
+        fail(f"{entry}: (thread_k, thread_n)=({p.thread_k}, {p.thread_n}) must be one of "
+             f"{', '.join(str(t) for t in BUCKET_TILES)}")
+    if p.thread_n != -1:
+        check_multiple(entry, "n", p.n, p.thread_n)
+        check_multiple(entry, "k", p.k, p.thread_k)
+    elif not any(p.n % tile_n == 0 and p.k % tile_k == 0 for tile_n, tile_k in MOE_TILES):
+        fail(f"{entry}: no tile serves n={p.n}, k={p.k} (n or k must be a multiple of 128)")
+    if p.sms != -1 and p.sms < 1:
+        fail(f"{entry}: sms={p.sms} must be -1 (all) or >= 1")
+
+
 def validate_moe_bucket(problem: MoeBucketProblem, entry: str = BUCKET_ENTRY) -> None:
-    """The shape rules of ``marlin_cuda_moe``: those of ``marlin_cuda`` for one
-    expert, ``m`` one of the bucket heights, and strides that keep the experts'
+    """The shape rules of ``marlin_cuda_moe``: the routed tiles for one expert,
+    ``m`` one of the bucket heights, and strides that keep the experts'
     weights, scales and locks apart (expert_count 0 is a no-op)."""
     p = problem
     for name in ("m", "n", "k", "group_size", "expert_count", "b_int4_per_expert", "s_int4_per_expert",
@@ -497,7 +527,7 @@ def validate_moe_bucket(problem: MoeBucketProblem, entry: str = BUCKET_ENTRY) ->
         check_int(entry, name, getattr(p, name))
     if p.m not in BUCKET_PROB_M:
         fail(f"{entry}: prob_m must be in {{16, 32, 48, 64}}, got {p.m}")
-    check_w4a16_shape(entry, p.m, p.n, p.k, p.group_size, p.n_full, p.thread_k, p.thread_n, p.sms)
+    _check_bucket_shape(entry, p)
     check_non_negative(entry, "expert_count", p.expert_count)
     # One expert's block is [k/16, 2*n_full] int32 and [groups, n_full] fp16, in
     # 16-byte units; the library refuses strides that would overlap them.

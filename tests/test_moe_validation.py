@@ -488,7 +488,8 @@ def test_bucket_heights_pass(m):
      (dict(group_size=64), r"group_size=64 must be -1 \(channelwise\) or 128"),
      (dict(n_full=128), r"n_full=128 must be -1 or a multiple of 64 that is >= n=256"),
      (dict(thread_k=64, thread_n=64), r"\(thread_k, thread_n\)=\(64, 64\) must be one of"),
-     (dict(m=32, thread_k=128, thread_n=256), r"serves m <= 16, got m=32"),
+     (dict(thread_k=128, thread_n=256), r"\(thread_k, thread_n\)=\(128, 256\) must be one of"),
+     (dict(k=192, group_size=-1, n=192), r"no tile serves n=192, k=192"),
      (dict(sms=0), r"sms=0 must be -1 \(all\) or >= 1"),
      (dict(expert_count=-1), r"expert_count=-1 must be >= 0"),
      (dict(b_int4_per_expert=2047), r"b_int4_per_expert=2047 is below one expert's weight \(2048 16-byte units\)"),
@@ -502,7 +503,8 @@ def test_bucket_rules(changes, match):
 
 def test_bucket_valid_neighbours():
     wide = dict(n_full=512, b_int4_per_expert=4096, s_int4_per_expert=128)
-    for changes in (wide, dict(thread_k=128, thread_n=256), dict(expert_count=0), dict(locks_i32_per_expert=4),
+    for changes in (wide, dict(thread_k=128, thread_n=64), dict(thread_k=64, thread_n=128),
+                    dict(k=192, group_size=-1, b_int4_per_expert=1536), dict(expert_count=0), dict(locks_i32_per_expert=4),
                     dict(group_size=-1), dict(sms=8), dict(b_int4_per_expert=4096)):
         validate_moe_bucket(replace(BUCKET, **changes))
 

@@ -211,6 +211,157 @@ typedef struct FerrumMarlinLaunch {
 
 FERRUM_API int ferrum_marlin_mm(const FerrumMarlinLaunch* launch);
 
+/* ---- Fused-MoE Marlin GEMMs (vLLM marlin_moe_wna16 calling convention) -----
+ * C[sorted_token_ids[i], :] = A[sorted_token_ids[i] / top_k, :] . dequant(B[e])
+ * for every row i of block j = i / moe_block_size, e = expert_ids[j]:
+ *   a                 [prob_m, prob_k] row-major (fp16; bf16 for MXFP4), 16-byte aligned
+ *   b                 stacked Marlin weights, one [prob_k/16, 2*prob_n] int32 tile
+ *                     (4-bit: INT4, E2M1) or [prob_k/16, 4*prob_n] (FP8) per expert
+ *   c                 [prob_m * top_k, prob_n]; rows no valid id names are not written
+ *   b_scales          [E, groups, prob_n] in the Marlin scale order: fp16 (INT4, FP8
+ *                     with FERRUM_FP8_SCALE_FACTOR folded in) or E8M0 bytes (MXFP4)
+ *   b_zeros           has_zp only: int32 [E, groups, prob_n/8] zero-point codes,
+ *                     Marlin zero-point order
+ *   b_bias            MXFP4 only: bf16 [E, prob_n] in the P32 order of the
+ *                     channelwise scales (ferrum_ffi.formats.mxfp4)
+ *   sorted_token_ids  int32: ids t = token * top_k + slot; t >= prob_m * top_k
+ *                     (or < 0) is padding. Only the first *num_tokens_past_padded
+ *                     entries are read.
+ *   expert_ids        int32 [*num_tokens_past_padded / moe_block_size]; with is_ep
+ *                     a negative id skips the block (another rank's expert)
+ *   topk_weights      fp32 [prob_m * top_k] indexed by t; mul_topk_weights scales
+ *                     row t of C by it (after the bias)
+ *   workspace         int32 locks, >= FERRUM_MOE_WORKSPACE_INTS_PER_SM * sms of the
+ *                     device; zero on entry, left zero on exit (graph-capturable)
+ *   c_tmp             use_fp32_reduce only: fp32 scratch of at least
+ *                     FERRUM_MOE_C_TMP_FLOATS_PER_SM_PER_ROW * moe_block_size * sms
+ *                     floats: every resident block may own two moe_block_size x 256
+ *                     fp32 tiles, two blocks per SM
+ * Rules (checked natively, status stage 7/8 on failure): non-null, 16-byte aligned
+ * a, b, c, b_scales, b_zeros, b_bias, c_tmp; 4-byte aligned int32/fp32 arrays;
+ * moe_block_size in {8, 16, 32, 48, 64}; top_k >= 1; prob_m, prob_n, prob_k >= 1;
+ * prob_m * top_k fits int32; prob_n % 64 == 0, prob_k % 64 == 0 and a tile must
+ * divide them: (n, k) tiles (128,128), (64,128), (256,64), (128,64); group_size
+ * -1, 32, 64 or 128 dividing prob_k (INT4), -1 or 128 (FP8), exactly 32 (MXFP4);
+ * has_zp exactly when b_zeros is non-NULL (never for FP8); mul_topk_weights needs
+ * topk_weights; exactly one of use_atomic_add / use_fp32_reduce, c_tmp non-NULL
+ * exactly with use_fp32_reduce. Atomic mode needs no zeroed C (the first partial
+ * of a tile is stored, later ones added). Expert ids must name experts of b: the
+ * library cannot see E and trusts the routing arrays, like every MoE kernel.
+ * FERRUM_VLLM_MOE_THREAD_K / _THREAD_N force a tile when both are set and legal.
+ */
+#define FERRUM_MOE_WORKSPACE_INTS_PER_SM 4
+#define FERRUM_MOE_C_TMP_FLOATS_PER_SM_PER_ROW 1024
+
+FERRUM_API int ferrum_vllm_marlin_moe_f16(const void* a, const void* b, void* c, void* c_tmp,
+                                          const void* b_scales, const void* b_zeros,
+                                          void* workspace, const int* sorted_token_ids,
+                                          const int* expert_ids, const int* num_tokens_past_padded,
+                                          const float* topk_weights, int moe_block_size, int top_k,
+                                          int mul_topk_weights, int is_ep, int prob_m, int prob_n,
+                                          int prob_k, int group_size, int has_zp, int dev,
+                                          ferrum_stream_t stream, int use_atomic_add,
+                                          int use_fp32_reduce);
+FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16(const void* a, const void* b, void* c, void* c_tmp,
+                                              const void* b_scales, const void* b_zeros,
+                                              void* workspace, const int* sorted_token_ids,
+                                              const int* expert_ids,
+                                              const int* num_tokens_past_padded,
+                                              const float* topk_weights, int moe_block_size,
+                                              int top_k, int mul_topk_weights, int is_ep, int prob_m,
+                                              int prob_n, int prob_k, int group_size, int has_zp,
+                                              int dev, ferrum_stream_t stream, int use_atomic_add,
+                                              int use_fp32_reduce);
+FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(const void* a, const void* b, void* c, void* c_tmp,
+                                                 const void* b_bias, const void* b_scales,
+                                                 void* workspace, const int* sorted_token_ids,
+                                                 const int* expert_ids,
+                                                 const int* num_tokens_past_padded,
+                                                 const float* topk_weights, int moe_block_size,
+                                                 int top_k, int mul_topk_weights, int is_ep,
+                                                 int prob_m, int prob_n, int prob_k, int group_size,
+                                                 int dev, ferrum_stream_t stream, int use_atomic_add,
+                                                 int use_fp32_reduce);
+
+/* Profile sink: while a path is set, every MoE GEMM launch appends one JSON line
+ *   {"event":"vllm_moe_config","entry":...,"shape":{"prob_m","prob_n","prob_k",
+ *    "thread_k","thread_n","moe_block_size","top_k","group_size",...},
+ *    "commit_sha":...,"env_hash":...,"model":...,"concurrency":...,
+ *    "runtime_flags":<runtime_flags_json>}
+ * Environment, read at every launch: FERRUM_VLLM_MOE_LOG_CONFIG=0 suspends the
+ * sink, =1 also echoes each line to stderr; FERRUM_VLLM_MOE_LOG_CONFIG_MIN_PAIRS /
+ * _MAX_PAIRS keep only launches whose prob_m * top_k lies in the range.
+ * Thread-safe. The file is opened (append) by set_profile_config; if that fails,
+ * the sink stays off, ferrum_marlin_last_error() says why and
+ * ferrum_vllm_marlin_moe_profile_enabled() returns 0. NULL strings count as "". */
+FERRUM_API void ferrum_vllm_marlin_moe_set_profile_config(const char* path, const char* commit_sha,
+                                                          const char* env_hash, const char* model,
+                                                          int concurrency,
+                                                          const char* runtime_flags_json);
+FERRUM_API void ferrum_vllm_marlin_moe_clear_profile_config(void);
+FERRUM_API int ferrum_vllm_marlin_moe_profile_enabled(void);
+
+/* ---- Bucketed MoE W4A16 (one launch per bucket of experts) ----------------
+ * For y in [0, expert_count): e = active_expert_ids ? active_expert_ids[y] : y;
+ * rows r < min(tokens_per_expert[e], prob_m) of A and C starting at row
+ * a_row_offsets[e]: C[off + r, :] = A[off + r, :] . dequant(B_e), where
+ *   B_e = B + e * b_int4_per_expert (16-byte units), s_e = s + e * s_int4_per_expert,
+ *   locks_e = workspace + e * locks_i32_per_expert (>= prob_n / 64 locks each).
+ * FP16 x INT4 (bias 8) in the W4A16 layouts of marlin_cuda; prob_m in {16, 32, 48, 64};
+ * prob_n, prob_k multiples of 64 that a tile divides (the fused-MoE tiles above:
+ * thread_k/thread_n -1/-1 or (128,128), (128,64), (64,256), (64,128)); groupsize
+ * -1 or 128; prob_n_full the column stride of B_e / s_e (-1 = prob_n); the strides
+ * must cover one expert (b: prob_k*prob_n_full/32, s: groups*prob_n_full/8). Rows
+ * past an expert's count are zero padding and are not written.
+ */
+FERRUM_API int marlin_cuda_moe(const void* A, const void* B, void* C, const void* s, int prob_m,
+                               int prob_n, int prob_k, void* workspace, const int* a_row_offsets,
+                               const int* tokens_per_expert, const int* active_expert_ids,
+                               int expert_count, int b_int4_per_expert, int s_int4_per_expert,
+                               int locks_i32_per_expert, int groupsize, int dev,
+                               ferrum_stream_t stream, int thread_k, int thread_n, int sms,
+                               int prob_n_full);
+
+/* ---- MoE routing and the small ops of a MoE layer -------------------------- */
+#define FERRUM_DTYPE_F32 3
+
+/* topk_ids [num_tokens, top_k] int32 -> vLLM's block-aligned routing, one launch:
+ *   sorted_token_ids  each expert's ids t (ascending) padded with num_tokens*top_k
+ *                     to a multiple of block_size; capacity >= num_tokens*top_k +
+ *                     num_experts*(block_size-1) (every entry is written)
+ *   expert_ids        expert of each block, -1 past the blocks in use; capacity >=
+ *                     ceil(the sorted capacity needed / block_size); with expert_map
+ *                     ([num_experts] global -> local id or -1) the mapped id
+ *   num_tokens_post_padded  one int32: entries of sorted_token_ids in use
+ * Ids outside [0, num_experts) are dropped (their rows stay unwritten);
+ * num_experts <= 1024. Outputs must not overlap the inputs. */
+FERRUM_API int ferrum_moe_align_block_size(const int* topk_ids, int num_tokens, int top_k,
+                                           int num_experts, int block_size, const int* expert_map,
+                                           int* sorted_token_ids, int sorted_capacity,
+                                           int* expert_ids, int expert_ids_capacity,
+                                           int* num_tokens_post_padded, int dev,
+                                           ferrum_stream_t stream);
+/* Router: softmax over logits [num_tokens, num_experts] (dtype F16/BF16/F32), the
+ * top_k largest (ties: lower id) -> topk_weights fp32 and topk_ids int32
+ * [num_tokens, top_k]; renormalize divides the k weights by their sum. */
+FERRUM_API int ferrum_topk_softmax(const void* logits, int dtype, int num_tokens, int num_experts,
+                                   int top_k, int renormalize, float* topk_weights, int* topk_ids,
+                                   int dev, ferrum_stream_t stream);
+/* out[r, j] = silu(x[r, j]) * x[r, d + j]; x [rows, 2d], out [rows, d]; F16/BF16. */
+FERRUM_API int ferrum_silu_and_mul(const void* x, void* out, int rows, int d, int dtype, int dev,
+                                   ferrum_stream_t stream);
+/* GPT-OSS clamped SwiGLU on interleaved gate/up: g = min(x[r, 2j], limit),
+ * u = clamp(x[r, 2j+1], -limit, limit), out[r, j] = (u + 1) * g * sigmoid(alpha * g)
+ * for j < logical_d and 0 for logical_d <= j < physical_d; x [rows, 2*logical_d],
+ * out [rows, physical_d]; F16/BF16. */
+FERRUM_API int ferrum_gpt_oss_swiglu(const void* x, void* out, int rows, int logical_d,
+                                     int physical_d, float alpha, float limit, int dtype, int dev,
+                                     ferrum_stream_t stream);
+/* out[t, :] = sum over j < top_k of x[t * top_k + j, :]; x [tokens*top_k, d],
+ * out [tokens, d]; F16/BF16, fp32 accumulation. */
+FERRUM_API int ferrum_moe_sum(const void* x, void* out, int tokens, int top_k, int d, int dtype,
+                              int dev, ferrum_stream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -47,6 +47,10 @@ struct Format {
   static constexpr int bits = weight_bits(W);
   static constexpr int words = bits / 4;  // 32-bit words per lane per tile
   static constexpr bool zero_points = W == WType::U4;
+  // MXFP4: one E8M0 byte per scale, in the grouped Marlin scale order.
+  static constexpr bool e8m0_scales = W == WType::FE2M1;
+  static constexpr int scale_bytes = e8m0_scales ? 1 : 2;
+  static_assert(W != WType::FE2M1 || bf16, "MXFP4 is built for bf16 activations");
   // Image path only: the activations' k+8 half is divided by 16 (fp16 U4B8,
   // whose high images are 1024 + 16q: one shift fewer per word), or a second image multiplies 16 x the
   // activations (bf16 8-bit, whose codes split into two nibble images).
@@ -61,7 +65,13 @@ struct Format {
   __device__ static uint32_t zero_pair(uint32_t zword, int t) { return nibble_pair(zword >> (4 * t), kExp); }
 
   __device__ static void images(const uint32_t* w, Frag16x16& f, Frag16x16& f_x16) {
-    if constexpr (bits == 4) {
+    if constexpr (W == WType::FE2M1) {
+      // Nibbles as in the 4-bit layout below; sign to bit 15, e1 e0 m to bits 8..6.
+      f.r[0] = fp4_pair(w[0] << 6, w[0] << 12);
+      f.r[2] = fp4_pair(w[0] << 2, w[0] << 8);
+      f.r[1] = fp4_pair(w[0] >> 2, w[0] << 4);
+      f.r[3] = fp4_pair(w[0] >> 6, w[0]);
+    } else if constexpr (bits == 4) {
       if constexpr (act_hi_div16) {
         // High nibbles stay in place: 1024 + 16q, exact in fp16.
         f.r[0] = ptx::lop3<kLop3Or>(w[0], 0x000f000fu, kExp);
@@ -118,7 +128,17 @@ struct Format {
     }
   }
 
-  // Exact unscaled weight values (q - zero; FP8: value / 256).
+  // {scale(c), scale(c+8)} of tiles 0..3 from the lane's eight E8M0 bytes
+  // (x: tiles 0, 1; y: tiles 2, 3): 2^(e-127) is the bf16 whose exponent
+  // field is e. e = 0 (2^-127) becomes 0, which only ever meets padding.
+  __device__ static void e8m0_pairs(uint32_t x, uint32_t y, uint32_t (&sp)[4]) {
+    sp[0] = __byte_perm(x, 0u, 0x4140) << 7;
+    sp[1] = __byte_perm(x, 0u, 0x4342) << 7;
+    sp[2] = __byte_perm(y, 0u, 0x4140) << 7;
+    sp[3] = __byte_perm(y, 0u, 0x4342) << 7;
+  }
+
+  // Exact unscaled weight values (q - zero; FP8: value / 256; E2M1: value).
   __device__ static Frag16x16 dequant(const uint32_t* w, uint32_t zero) {
     Frag16x16 f, f_x16;
     images(w, f, f_x16);
@@ -158,6 +178,13 @@ struct Format {
   }
 
  private:
+  // Two E2M1 codes placed as bf16 bits (sign 15, e1 e0 m 8..6) are value *
+  // 2^-126 for normals and subnormals alike; one exact multiply restores them.
+  __device__ static uint32_t fp4_pair(uint32_t magnitudes, uint32_t signs) {
+    const uint32_t image = ptx::lop3<kLop3Or>(magnitudes, 0x01c001c0u, signs & 0x80008000u);
+    return N::mul(image, 0x7e807e80u);  // 2^126
+  }
+
   // E4M3 bytes 1 and 3 of `w` -> two fp16/bf16 values equal to value / 256:
   // the sign stays, exponent and mantissa move to the top of the field, which
   // is exact for normals and subnormals alike. The bf16 image is value / 2^120

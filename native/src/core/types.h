@@ -13,8 +13,9 @@ enum class WType : int {
   U4B8 = FERRUM_WEIGHT_U4B8,        // INT4, symmetric, bias 8
   U8B128 = FERRUM_WEIGHT_U8B128,    // 8-bit, symmetric, bias 128
   FE4M3FN = FERRUM_WEIGHT_FE4M3FN,  // FP8 E4M3, scales carry FERRUM_FP8_SCALE_FACTOR
+  FE2M1 = 5,                        // MXFP4 (MoE only): E2M1 codes, E8M0 scales per 32
 };
 
-constexpr int weight_bits(WType w) { return (w == WType::U4 || w == WType::U4B8) ? 4 : 8; }
+constexpr int weight_bits(WType w) { return (w == WType::U8B128 || w == WType::FE4M3FN) ? 8 : 4; }
 
 }  // namespace ferrum

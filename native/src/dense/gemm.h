@@ -9,6 +9,31 @@
 
 namespace ferrum::dense {
 
+// Where the rows of a slab come from and go to (MoE routing). Dense launches
+// read rows in order and leave this zero.
+enum class Route {
+  Dense,     // slab s = rows [s * m_rows, (s + 1) * m_rows) of A and C
+  Sorted,    // vLLM fused MoE: slab s = entries of sorted_ids, expert slab_experts[s]
+  Bucketed,  // one slab per expert of a bucket, rows at row_offsets[e]
+};
+
+struct Routing {
+  const int* sorted_ids;     // Sorted: output row t of each slab row; t >= rows or < 0: padding
+  const int* slab_experts;   // Sorted: expert of each slab (< 0: skipped); Bucketed: experts or null
+  const int* used_ids;       // Sorted: entries of sorted_ids in use (one device int)
+  const int* row_offsets;    // Bucketed: first row of each expert in A and C
+  const int* row_counts;     // Bucketed: rows of each expert
+  const float* row_weights;  // Sorted: factor of output row t (top-k weight), or null
+  int rows;                  // Sorted: prob_m * top_k
+  int top_k;                 // Sorted: activation row = t / top_k
+  int locks_per_expert;      // Bucketed: per-column locks of each expert
+  long long b_expert_int4;   // expert strides of the weights, scales, zero points, bias
+  long long s_expert_bytes;
+  long long z_expert_int4;
+  long long bias_expert_bytes;
+  bool bias_p32;             // bias in the channelwise-scale order (MXFP4 MoE)
+};
+
 // One launch covers `slabs` slabs of m_rows activation rows.
 struct Args {
   const void* a;      // [m, lda] row-major, first row of this launch
@@ -24,7 +49,7 @@ struct Args {
   int k;
   int a_row_int4;     // activation row stride in 16-byte units (lda / 8)
   int b_row_int4;     // packed row stride in 16-byte units
-  int s_row_halves;   // scale row stride (n_full)
+  int s_row_halves;   // scale row stride in scales (n_full); E8M0 scales are bytes
   int z_row_int4;     // zero-point row stride in 16-byte units (n_full / 32)
   int group_shift;    // log2(group size); -1 channelwise
   int slabs;
@@ -35,6 +60,7 @@ struct Args {
   // Shared columns are summed in fp32 through c_tmp in a fixed order
   // (deterministic) instead of by fp16/bf16 atomics into C.
   bool fp32_reduce;
+  Routing route;
 };
 
 // Tile configurations the library is built with. M8 = activation rows / 8.
@@ -44,6 +70,7 @@ enum class NConfig {
   N64_K128,
   N256_K128,       // deep weight stages for slabs of at most 16 rows on long problems
   N256_K64_WGMMA,  // N256_K64 with Hopper warpgroup MMA (64-row slabs, sm_90a builds)
+  N128_K64,        // MoE: k a multiple of 64 only (GPT-OSS gate/up, K = 2880)
 };
 
 // N256_K128 is built for slabs of at most 8 * kDeepTileMaxM8 rows.

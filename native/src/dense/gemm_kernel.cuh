@@ -36,7 +36,7 @@ namespace ferrum::dense {
 // PerRowGroups: groups shorter than the k tile, so the image path applies
 // scales after every k step (a separate instance: the branch inside the hot
 // loop cost 8 % at m = 16).
-template <class T, class F, bool PerRowGroups>
+template <class T, class F, bool PerRowGroups, Route R>
 __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Args p) {
   static_assert(T::b_words == F::words, "tile built for another weight width");
   using N = typename F::N;
@@ -61,10 +61,34 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 
   const int n_tiles = p.n / T::n_tile;
   const int k_tiles = p.k / T::k_tile;
-  const int total = p.slabs * n_tiles * k_tiles;
+  // Sorted routing learns its slab count on the device (no host sync); every
+  // block derives the same split from it, and blocks past the work exit.
+  int slabs = p.slabs;
+  int iters = p.iters;
+  [[maybe_unused]] int used_ids = 0;
+  if constexpr (R == Route::Sorted) {
+    used_ids = max(__ldg(p.route.used_ids), 0);
+    slabs = (used_ids + T::m_rows - 1) / T::m_rows;
+    const long long units = static_cast<long long>(slabs) * n_tiles * k_tiles;
+    if (units == 0) return;
+    iters = static_cast<int>((units + gridDim.x - 1) / gridDim.x);
+  }
+  const int total = slabs * n_tiles * k_tiles;
   const int range = gridDim.x - 1 - blockIdx.x;
-  const int u_begin = range * p.iters;
-  const int count = min(p.iters, total - u_begin);
+  const int u_begin = range * iters;
+  const int count = min(iters, total - u_begin);
+  // The expert whose weights slab s multiplies, and whether the slab is skipped
+  // (past the routed rows, or an expert of another rank under expert parallelism).
+  auto slab_expert = [&](int slab) -> int {
+    if constexpr (R == Route::Sorted) return __ldg(p.route.slab_experts + slab);
+    if constexpr (R == Route::Bucketed)
+      return p.route.slab_experts != nullptr ? __ldg(p.route.slab_experts + slab) : slab;
+    return 0;
+  };
+  auto slab_dead = [&](int slab) -> bool {
+    if constexpr (R == Route::Sorted) return slab >= slabs || slab_expert(slab) < 0;
+    return slab >= slabs;
+  };
   const bool grouped = p.group_shift >= 0;
   const int a_row_int4 = p.a_row_int4;
   const int4* const gA = static_cast<const int4*>(p.a);
@@ -85,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     const int e = tid + i * kThreads;
     b_src[i] = (e / (T::n_chunks * kChunkInt4)) * p.b_row_int4 + e % (T::n_chunks * kChunkInt4);
   }
-  int a_src[kACopies], a_dst[kACopies], a_row[kACopies];
+  int a_src[kACopies], a_dst[kACopies], a_row[kACopies], a_unit[kACopies];
 #pragma unroll
   for (int i = 0; i < kACopies; ++i) {
     const int e = tid + i * kThreads;
@@ -93,13 +117,16 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     const int unit = e % (T::k_rows * 2);
     a_row[i] = e < T::a_stage ? r : INT32_MAX / 2;  // threads past the tile copy nothing
     a_src[i] = r * a_row_int4 + unit;
+    a_unit[i] = unit;
     // 128-byte rows of 8 16-byte units, unit u of row r stored at u ^ (r % 8),
     // so that ldmatrix reads of eight rows hit eight different bank groups.
     a_dst[i] = (unit >> 3) * (T::m_rows * 8) + r * 8 + ((unit & 7) ^ (r & 7));
   }
   // Scale rows per stage: k_tile / group (group <= k_tile) or 1.
   const int s_rows = grouped && T::k_tile > (1 << p.group_shift) ? T::k_tile >> p.group_shift : 1;
-  const int s_row_int4 = p.s_row_halves / 8;
+  const int s_row_int4 = p.s_row_halves * F::scale_bytes / 16;
+  // 16-byte scale units per 64-column chunk and group row.
+  constexpr int kSChunkInt4 = 4 * F::scale_bytes;
 
   // Fetch cursor (the unit the next load_stage call copies) and the global
   // addresses of this thread's copies for it. Within a column the addresses
@@ -112,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     f_slab = col / n_tiles;
     f_c = col - f_slab * n_tiles;
   }
-  const int s_copies = grouped ? s_rows * (T::n_chunks * 8) : 0;
+  const int s_copies = grouped ? s_rows * (T::n_chunks * kSChunkInt4) : 0;
   // Zero points follow the scales' group rows (one row when channelwise).
   const int z_shift = grouped ? p.group_shift : 30;
   const int z_copies = F::zero_points ? s_rows * (T::n_chunks * 2) : 0;
@@ -123,45 +150,83 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   bool a_live[kACopies];
   const int4* ps = gS;
   const int4* pz = gZ;
+  [[maybe_unused]] bool f_dead = false;  // the fetch cursor's slab is skipped: copy nothing
   auto seek = [&]() {
-    const int4* const b0 = gB + static_cast<size_t>(f_kt) * b_step + f_c * (T::n_chunks * kChunkInt4);
+    long long e = 0;
+    if constexpr (R != Route::Dense) {
+      f_dead = slab_dead(f_slab);
+      e = f_dead ? 0 : slab_expert(f_slab);
+    }
+    const int4* const b0 = gB + e * p.route.b_expert_int4 + static_cast<size_t>(f_kt) * b_step +
+                           f_c * (T::n_chunks * kChunkInt4);
 #pragma unroll
     for (int i = 0; i < kBCopies; ++i) pb[i] = b0 + b_src[i];
-    const int rows_left = p.m - f_slab * T::m_rows;
-    const int4* const a0 =
-        gA + static_cast<size_t>(f_slab) * T::m_rows * a_row_int4 + f_kt * (T::k_tile / 8);
+    if constexpr (R == Route::Dense) {
+      const int rows_left = p.m - f_slab * T::m_rows;
+      const int4* const a0 =
+          gA + static_cast<size_t>(f_slab) * T::m_rows * a_row_int4 + f_kt * (T::k_tile / 8);
 #pragma unroll
-    for (int i = 0; i < kACopies; ++i) {
-      // Rows past the end of A become zero rows; their copies read nothing.
-      a_live[i] = a_row[i] < rows_left;
-      pa[i] = a_live[i] ? a0 + a_src[i] : gA;
-      a_step[i] = a_live[i] ? T::k_tile / 8 : 0;
+      for (int i = 0; i < kACopies; ++i) {
+        // Rows past the end of A become zero rows; their copies read nothing.
+        a_live[i] = a_row[i] < rows_left;
+        pa[i] = a_live[i] ? a0 + a_src[i] : gA;
+        a_step[i] = a_live[i] ? T::k_tile / 8 : 0;
+      }
+    } else {
+      [[maybe_unused]] int first_row = 0, rows_in = 0;
+      if constexpr (R == Route::Bucketed) {
+        if (!f_dead) {
+          first_row = __ldg(p.route.row_offsets + e);
+          rows_in = min(__ldg(p.route.row_counts + e), T::m_rows);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kACopies; ++i) {
+        // Padding ids and rows past an expert's count become zero rows.
+        int src = -1;
+        if (!f_dead && a_row[i] < T::m_rows) {
+          if constexpr (R == Route::Sorted) {
+            const int idx = f_slab * T::m_rows + a_row[i];
+            const int t = idx < used_ids ? __ldg(p.route.sorted_ids + idx) : -1;
+            if (static_cast<unsigned>(t) < static_cast<unsigned>(p.route.rows)) src = t / p.route.top_k;
+          } else if (a_row[i] < rows_in) {
+            src = first_row + a_row[i];
+          }
+        }
+        a_live[i] = src >= 0;
+        pa[i] = a_live[i] ? gA + static_cast<size_t>(src) * a_row_int4 + a_unit[i] + f_kt * (T::k_tile / 8) : gA;
+        a_step[i] = a_live[i] ? T::k_tile / 8 : 0;
+      }
     }
     if (tid < s_copies) {
-      const int r = tid / (T::n_chunks * 8);
-      const int off = tid % (T::n_chunks * 8);
+      const int r = tid / (T::n_chunks * kSChunkInt4);
+      const int off = tid % (T::n_chunks * kSChunkInt4);
       const int group_row = ((f_kt * T::k_tile) >> p.group_shift) + r;
-      ps = gS + static_cast<size_t>(group_row) * s_row_int4 + f_c * (T::n_tile / 8) + off;
+      ps = gS + e * (p.route.s_expert_bytes / 16) + static_cast<size_t>(group_row) * s_row_int4 +
+           f_c * (T::n_chunks * kSChunkInt4) + off;
     }
     if (tid < z_copies) {
       const int r = tid / (T::n_chunks * 2);
       const int off = tid % (T::n_chunks * 2);
       const int group_row = ((f_kt * T::k_tile) >> z_shift) + r;
-      pz = gZ + static_cast<size_t>(group_row) * p.z_row_int4 + f_c * (T::n_tile / 32) + off;
+      pz = gZ + e * p.route.z_expert_int4 + static_cast<size_t>(group_row) * p.z_row_int4 +
+           f_c * (T::n_tile / 32) + off;
     }
   };
   seek();
   auto load_stage = [&](int slot) {
-    int4* const db = sh_b + slot * T::b_stage + tid;
+    if (R == Route::Dense || !f_dead) {
+      int4* const db = sh_b + slot * T::b_stage + tid;
 #pragma unroll
-    for (int i = 0; i < kBCopies; ++i) ptx::cp_async16(db + i * kThreads, pb[i]);
-    int4* const da = sh_a + slot * T::a_stage;
+      for (int i = 0; i < kBCopies; ++i) ptx::cp_async16(db + i * kThreads, pb[i]);
+      int4* const da = sh_a + slot * T::a_stage;
 #pragma unroll
-    for (int i = 0; i < kACopies; ++i) {
-      if (a_row[i] < T::m_rows) ptx::cp_async16_or_zero(da + a_dst[i], pa[i], a_live[i]);
+      for (int i = 0; i < kACopies; ++i) {
+        if (a_row[i] < T::m_rows) ptx::cp_async16_or_zero(da + a_dst[i], pa[i], a_live[i]);
+      }
+      if (tid < s_copies) ptx::cp_async16(sh_s + slot * T::s_stage + tid, ps);
+      if (tid < z_copies) ptx::cp_async16(sh_z + slot * T::z_stage + tid, pz);
     }
-    if (tid < s_copies) ptx::cp_async16(sh_s + slot * T::s_stage + tid, ps);
-    if (tid < z_copies) ptx::cp_async16(sh_z + slot * T::z_stage + tid, pz);
     if (++f_kt == k_tiles) {
       f_kt = 0;
       if (++f_c == n_tiles) {
@@ -236,11 +301,17 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // {scale(c), scale(c + 8)} of tile t, and the zero-point word, of group row
   // s_row of the stage.
   auto scale_pairs = [&](const int4* ss, int s_row, uint32_t (&sp)[4]) {
-    const int4 sc = ss[s_row * (T::n_chunks * 8) + warp_n * 8 + (lane >> 2)];
-    sp[0] = sc.x;
-    sp[1] = sc.y;
-    sp[2] = sc.z;
-    sp[3] = sc.w;
+    if constexpr (F::e8m0_scales) {
+      const uint2 sc = reinterpret_cast<const uint2*>(ss + s_row * (T::n_chunks * kSChunkInt4) +
+                                                      warp_n * kSChunkInt4)[lane >> 2];
+      F::e8m0_pairs(sc.x, sc.y, sp);
+    } else {
+      const int4 sc = ss[s_row * (T::n_chunks * 8) + warp_n * 8 + (lane >> 2)];
+      sp[0] = sc.x;
+      sp[1] = sc.y;
+      sp[2] = sc.z;
+      sp[3] = sc.w;
+    }
   };
   auto zero_word = [&](const int4* sz, int s_row) -> uint32_t {
     if constexpr (F::zero_points)
@@ -375,14 +446,34 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // ---- end of a column: block reduction, then the global one ---------------
   // Stores (or atomically adds) the block's rows of column tile c of `slab`
   // from sh_red, with channelwise scales, and the bias when it stores.
-  auto store_rows = [&](int slab, int c, bool atomic) {
+  auto store_rows = [&](int slab, long long e, int c, bool atomic) {
     constexpr int vec_per_row = T::n_tile / 8;
-    const uint32_t* const s_pairs = static_cast<const uint32_t*>(p.s);
+    const uint32_t* const s_pairs =
+        reinterpret_cast<const uint32_t*>(static_cast<const char*>(p.s) + e * p.route.s_expert_bytes);
+    const char* const bias = p.bias == nullptr ? nullptr
+                                               : static_cast<const char*>(p.bias) + e * p.route.bias_expert_bytes;
+    [[maybe_unused]] int first_row = 0, rows_in = 0;
+    if constexpr (R == Route::Bucketed) {
+      first_row = __ldg(p.route.row_offsets + e);
+      rows_in = min(__ldg(p.route.row_counts + e), T::m_rows);
+    }
     for (int v = tid; v < T::m_rows * vec_per_row; v += kThreads) {
       const int mr = v / vec_per_row;
       const int nv = v - mr * vec_per_row;
-      const int grow = slab * T::m_rows + mr;
-      if (grow >= p.m) continue;
+      int grow;
+      float row_weight = 1.f;
+      if constexpr (R == Route::Dense) {
+        grow = slab * T::m_rows + mr;
+        if (grow >= p.m) continue;
+      } else if constexpr (R == Route::Sorted) {
+        const int idx = slab * T::m_rows + mr;
+        grow = idx < used_ids ? __ldg(p.route.sorted_ids + idx) : -1;
+        if (static_cast<unsigned>(grow) >= static_cast<unsigned>(p.route.rows)) continue;
+        if (p.route.row_weights != nullptr) row_weight = __ldg(p.route.row_weights + grow);
+      } else {
+        if (mr >= rows_in) continue;
+        grow = first_row + mr;
+      }
       const float4* src = reinterpret_cast<const float4*>(sh_red + mr * T::red_stride + nv * 8);
       const float4 lo = src[0];
       const float4 hi = src[1];
@@ -399,16 +490,30 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
           vals[2 * e2 + 1] *= s.y;
         }
       }
-      if (!atomic && p.bias != nullptr) {
-        const int4 bv = *reinterpret_cast<const int4*>(static_cast<const char*>(p.bias) + 2 * static_cast<size_t>(ncol));
-        const uint32_t bw[4] = {static_cast<uint32_t>(bv.x), static_cast<uint32_t>(bv.y),
-                                static_cast<uint32_t>(bv.z), static_cast<uint32_t>(bv.w)};
+      if (!atomic && bias != nullptr) {
+        uint32_t bw[4];
+        if (p.route.bias_p32) {
+          // Permuted like the channelwise scales (see above).
+          const uint32_t* b2 = reinterpret_cast<const uint32_t*>(bias) + ((ncol & ~31) + 2 * ((ncol >> 3) & 3)) / 2;
+#pragma unroll
+          for (int e2 = 0; e2 < 4; ++e2) bw[e2] = b2[4 * e2];
+        } else {
+          const int4 bv = *reinterpret_cast<const int4*>(bias + 2 * static_cast<size_t>(ncol));
+          bw[0] = bv.x;
+          bw[1] = bv.y;
+          bw[2] = bv.z;
+          bw[3] = bv.w;
+        }
 #pragma unroll
         for (int e2 = 0; e2 < 4; ++e2) {
           const float2 b = N::to_float2(bw[e2]);
           vals[2 * e2] += b.x;
           vals[2 * e2 + 1] += b.y;
         }
+      }
+      if constexpr (R == Route::Sorted) {
+#pragma unroll
+        for (int e2 = 0; e2 < 8; ++e2) vals[e2] *= row_weight;
       }
       uint32_t packed[4];
 #pragma unroll
@@ -423,13 +528,18 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     }
   };
 
-  auto finish_column = [&](int u) {
+  auto finish_column = [&](int u, bool dead) {
+    if (dead) {  // a skipped slab: nothing computed, nothing stored, no lock touched
+      zero_acc();
+      return;
+    }
     const int col = u / k_tiles;
     const int slab = col / n_tiles;
     const int c = col - slab * n_tiles;
+    const long long e = slab_expert(slab);
     const int first_unit = col * k_tiles;
-    const int r_lo = first_unit / p.iters;
-    const int r_hi = (first_unit + k_tiles - 1) / p.iters;
+    const int r_lo = first_unit / iters;
+    const int r_hi = (first_unit + k_tiles - 1) / iters;
     const int contributors = r_hi - r_lo + 1;
     const int order = r_hi - range;  // 0: this block's part is ready first
 
@@ -454,17 +564,18 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 
     // A range is the lowest contributor of at most one shared column (its
     // last one), so r_lo names the column's lock uniquely within the launch.
-    int* const lock = p.locks + (p.lock_by_range ? r_lo : col);
+    int* const lock = R == Route::Bucketed ? p.locks + e * p.route.locks_per_expert + c
+                                           : p.locks + (p.lock_by_range ? r_lo : col);
     const bool shared_column = contributors > 1;
     if (p.fp32_reduce && shared_column) {
       // Slot 2r holds range r's first column, 2r + 1 its last one.
       constexpr int kSlotFloats = T::m_rows * T::n_tile;
       constexpr int vec4_per_row = T::n_tile / 4;
       auto slot_of = [&](int r) {
-        const int which = (r * p.iters) / k_tiles == col ? 0 : 1;
+        const int which = (r * iters) / k_tiles == col ? 0 : 1;
         return reinterpret_cast<float4*>(p.c_tmp + static_cast<size_t>(2 * r + which) * kSlotFloats);
       };
-      const int rows_here = min(T::m_rows, p.m - slab * T::m_rows);
+      const int rows_here = R == Route::Dense ? min(T::m_rows, p.m - slab * T::m_rows) : T::m_rows;
       float4* const mine = slot_of(range);
       for (int v = tid; v < rows_here * vec4_per_row; v += kThreads) {
         const int mr = v / vec4_per_row;
@@ -494,7 +605,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
           *reinterpret_cast<float4*>(sh_red + mr * T::red_stride + nv * 4) = sum;
         }
         __syncthreads();
-        store_rows(slab, c, false);
+        store_rows(slab, e, c, false);
       }
       __syncthreads();
     } else {
@@ -508,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         }
         __syncthreads();
       }
-      store_rows(slab, c, atomic);
+      store_rows(slab, e, c, atomic);
       if (shared_column) {
         __threadfence();
         __syncthreads();
@@ -528,6 +639,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   }
   zero_acc();
   int c_kt = u_begin % k_tiles;  // k tile of the unit being computed
+  bool c_dead = false;           // its slab is skipped (routed launches)
   int slot = 0;
   int fetch_slot = T::stages - 1;
 #pragma unroll 1
@@ -540,29 +652,33 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     if (i + T::stages - 1 < count) load_stage(fetch_slot);
     ptx::cp_async_commit();
     fetch_slot = fetch_slot == T::stages - 1 ? 0 : fetch_slot + 1;
-    compute_stage(slot);
+    if constexpr (R != Route::Dense) {
+      if (c_kt == 0 || i == 0) c_dead = slab_dead((u_begin + i) / k_tiles / n_tiles);
+    }
+    if (!c_dead) compute_stage(slot);
     slot = slot == T::stages - 1 ? 0 : slot + 1;
-    if (c_kt == k_tiles - 1 || i == count - 1) finish_column(u_begin + i);
+    if (c_kt == k_tiles - 1 || i == count - 1) finish_column(u_begin + i, c_dead);
     c_kt = c_kt == k_tiles - 1 ? 0 : c_kt + 1;
   }
   ptx::cp_async_wait<0>();
 }
 
-template <class T, class F, bool PerRowGroups>
+template <class T, class F, bool PerRowGroups, Route R>
 cudaError_t launch_kernel(Args& args, const Launch& launch, int* stage) {
+  constexpr auto kernel = gemm_kernel<T, F, PerRowGroups, R>;
   // Attributes live in the device's context: set them, and learn how many
   // blocks can be resident, once per device (a benign race repeats the work).
   static int resident[kMaxDevices] = {};
   const int dev = launch.dev;
   int blocks = (dev >= 0 && dev < kMaxDevices) ? resident[dev] : 0;
   if (blocks == 0) {
-    cudaError_t err = cudaFuncSetAttribute(gemm_kernel<T, F, PerRowGroups>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(T::smem_bytes));
     if (err != cudaSuccess) {
       *stage = FERRUM_STAGE_FUNCTION_ATTRIBUTE;
       return err;
     }
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_kernel<T, F, PerRowGroups>, kThreads, T::smem_bytes);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, T::smem_bytes);
     if (err != cudaSuccess || blocks < 1) {
       *stage = FERRUM_STAGE_BLOCKS_PER_SM;
       return err != cudaSuccess ? err : cudaErrorLaunchOutOfResources;
@@ -572,27 +688,32 @@ cudaError_t launch_kernel(Args& args, const Launch& launch, int* stage) {
     if (dev >= 0 && dev < kMaxDevices) resident[dev] = blocks;
   }
   // Every block must be resident at once: blocks wait on their predecessor.
-  const int n_tiles = args.n / T::n_tile;
-  const int k_tiles = args.k / T::k_tile;
-  const int total = args.slabs * n_tiles * k_tiles;
   int grid = launch.sms * blocks;
-  if (grid > total) grid = total;
-  args.iters = (total + grid - 1) / grid;
-  grid = (total + args.iters - 1) / args.iters;
-  gemm_kernel<T, F, PerRowGroups><<<grid, kThreads, T::smem_bytes, launch.stream>>>(args);
+  if constexpr (R != Route::Sorted) {
+    // Sorted launches learn their work on the device and split it there.
+    const int n_tiles = args.n / T::n_tile;
+    const int k_tiles = args.k / T::k_tile;
+    const int total = args.slabs * n_tiles * k_tiles;
+    if (grid > total) grid = total;
+    args.iters = (total + grid - 1) / grid;
+    grid = (total + args.iters - 1) / args.iters;
+  }
+  kernel<<<grid, kThreads, T::smem_bytes, launch.stream>>>(args);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
   return err;
 }
 
-template <class T, class F>
+template <class T, class F, Route R = Route::Dense>
 cudaError_t launch_tile(Args& args, const Launch& launch, int* stage) {
   constexpr bool kImages = T::m8 <= 2 && !T::wgmma;
   if constexpr (kImages) {
     if (args.group_shift >= 0 && (1 << args.group_shift) < T::k_tile)
-      return launch_kernel<T, F, true>(args, launch, stage);
+      return launch_kernel<T, F, true, R>(args, launch, stage);
+    // MXFP4's groups of 32 are always shorter than a tile.
+    if constexpr (F::e8m0_scales) return cudaErrorInvalidValue;
   }
-  return launch_kernel<T, F, false>(args, launch, stage);
+  return launch_kernel<T, F, false, R>(args, launch, stage);
 }
 
 // The launcher of every tile built for one format and slabs of 8*M8 rows;
@@ -615,6 +736,28 @@ cudaError_t launch_slab(NConfig nc, Args& args, const Launch& launch, int* stage
     case NConfig::N256_K64_WGMMA:
       if constexpr (M8 == 8) return launch_tile<Tile<M8, NConfig::N256_K64_WGMMA, kBits>, F>(args, launch, stage);
       break;  // warpgroup tiles serve 64-row slabs only
+  }
+  return cudaErrorInvalidValue;
+}
+
+// The routed (MoE) launcher of one format and slab height: the tiles whose
+// widths and depths serve every (n, k) with n, k multiples of 64 that a MoE
+// layer has (the 128x64 tile for K = 2880, the 64x128 one for N = 2880).
+template <AType A, WType W, int M8, Route R>
+cudaError_t launch_routed(NConfig nc, Args& args, const Launch& launch, int* stage) {
+  using F = Format<A, W>;
+  constexpr int kBits = F::bits;
+  switch (nc) {
+    case NConfig::N128_K128:
+      return launch_tile<Tile<M8, NConfig::N128_K128, kBits>, F, R>(args, launch, stage);
+    case NConfig::N256_K64:
+      return launch_tile<Tile<M8, NConfig::N256_K64, kBits>, F, R>(args, launch, stage);
+    case NConfig::N64_K128:
+      return launch_tile<Tile<M8, NConfig::N64_K128, kBits>, F, R>(args, launch, stage);
+    case NConfig::N128_K64:
+      return launch_tile<Tile<M8, NConfig::N128_K64, kBits>, F, R>(args, launch, stage);
+    default:
+      break;  // not built for routed launches; the host never selects them
   }
   return cudaErrorInvalidValue;
 }

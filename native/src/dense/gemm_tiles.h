@@ -33,6 +33,9 @@ struct Tile<M8, NConfig::N256_K64, Bits>
 template <int M8, int Bits>
 struct Tile<M8, NConfig::N64_K128, Bits>
     : TileShape<M8, 1, 8, stages_for<M8, Bits>(), blocks_per_sm_for<M8>(), Bits> {};
+template <int M8, int Bits>
+struct Tile<M8, NConfig::N128_K64, Bits>
+    : TileShape<M8, 2, 4, stages_for<M8, Bits>(), blocks_per_sm_for<M8>(), Bits> {};
 // 16 KB (4-bit) weight stages: each warp runs four k steps per group before
 // it applies the group's scales, halving the per-stage fixed costs.
 template <int M8, int Bits>
@@ -47,5 +50,8 @@ struct Tile<M8, NConfig::N256_K64_WGMMA, Bits>
 // weight type and slab height, so the build runs in parallel).
 template <AType A, WType W, int M8>
 cudaError_t launch_slab(NConfig nc, Args& args, const Launch& launch, int* stage);
+// The routed (MoE) kernels, likewise one generated file per format and height.
+template <AType A, WType W, int M8, Route R>
+cudaError_t launch_routed(NConfig nc, Args& args, const Launch& launch, int* stage);
 
 }  // namespace ferrum::dense

@@ -1,0 +1,265 @@
+// The fused-MoE Marlin entry points with vLLM's calling convention
+// (sorted_token_ids / expert_ids): every rule of ferrum_marlin.h is checked
+// before the device is touched, then one routed launch of the dense kernel
+// covers all experts; the slab count is read on the device (no host sync).
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "../dense/launch_plan.h"
+#include "../status.h"
+#include "profile_sink.h"
+#include "routed_launch.h"
+
+namespace ferrum::moe {
+
+namespace {
+
+struct MoeCall {
+  const char* entry;
+  AType a_type;
+  WType w_type;  // U4B8 or U4 (chosen by has_zp), FE4M3FN, FE2M1
+  const void* a;
+  const void* b;
+  void* c;
+  void* c_tmp;
+  const void* scales;
+  const void* zeros;
+  const void* bias;
+  void* workspace;
+  const int* sorted_token_ids;
+  const int* expert_ids;
+  const int* num_tokens_past_padded;
+  const float* topk_weights;
+  int moe_block_size, top_k, mul_topk_weights, is_ep;
+  int prob_m, prob_n, prob_k, group_size, has_zp, dev;
+  cudaStream_t stream;
+  int use_atomic_add, use_fp32_reduce;
+};
+
+template <class... Ts>
+int invalid(const char* fmt, Ts... args) {
+  return fail(FERRUM_STAGE_ARGUMENT, FERRUM_STATUS_INVALID_VALUE, fmt, args...);
+}
+
+template <class... Ts>
+int bad_shape(const char* fmt, Ts... args) {
+  return fail(FERRUM_STAGE_SHAPE, FERRUM_STATUS_INVALID_VALUE, fmt, args...);
+}
+
+int log2_exact(int x) {
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return s;
+}
+
+int check_group(const MoeCall& m) {
+  const int g = m.group_size;
+  switch (m.w_type) {
+    case WType::FE4M3FN:
+      if (g != -1 && g != 128)
+        return bad_shape("%s: E4M3 group_size must be -1 or 128, got %d", m.entry, g);
+      break;
+    case WType::FE2M1:
+      if (g != 32)
+        return bad_shape("%s: MXFP4 E2M1/E8M0 group_size must be exactly 32, got %d", m.entry, g);
+      break;
+    default:
+      if (g != -1 && g != 32 && g != 64 && g != 128)
+        return bad_shape("%s: INT4 group_size must be -1, 32, 64 or 128, got %d", m.entry, g);
+  }
+  if (g > 0 && m.prob_k % g != 0)
+    return bad_shape("%s: prob_k %d must be divisible by group_size %d", m.entry, m.prob_k, g);
+  return 0;
+}
+
+// Every rule that needs no device, in the order of the seeds' validation.
+int check_call(const MoeCall& m) {
+  const char* e = m.entry;
+  const bool mxfp4 = m.w_type == WType::FE2M1;
+  if (int st = check_pointer(e, "a", m.a, 16)) return st;
+  if (int st = check_pointer(e, "b", m.b, 16)) return st;
+  if (int st = check_pointer(e, "c", m.c, 16)) return st;
+  if (mxfp4) {
+    if (int st = check_pointer(e, "b_bias", m.bias, 16)) return st;
+  }
+  if (int st = check_pointer(e, "b_scales", m.scales, 16)) return st;
+  if (int st = check_pointer(e, "workspace", m.workspace, 4)) return st;
+  if (int st = check_pointer(e, "sorted_token_ids", m.sorted_token_ids, 4)) return st;
+  if (int st = check_pointer(e, "expert_ids", m.expert_ids, 4)) return st;
+  if (int st = check_pointer(e, "num_tokens_past_padded", m.num_tokens_past_padded, 4)) return st;
+  if (m.c_tmp != nullptr) {
+    if (int st = check_pointer(e, "c_tmp", m.c_tmp, 16)) return st;
+  }
+  if (m.zeros != nullptr) {
+    if (int st = check_pointer(e, "b_zeros", m.zeros, 16)) return st;
+  }
+  if (m.topk_weights != nullptr) {
+    if (int st = check_pointer(e, "topk_weights", m.topk_weights, 4)) return st;
+  }
+  if (m.prob_m <= 0 || m.prob_n <= 0 || m.prob_k <= 0)
+    return invalid("%s: prob_m, prob_n, and prob_k must be positive, got [%d, %d, %d]", e, m.prob_m,
+                   m.prob_n, m.prob_k);
+  const int b = m.moe_block_size;
+  if (b != 8 && b != 16 && b != 32 && b != 48 && b != 64)
+    return invalid("%s: unsupported moe_block_size %d; expected one of 8, 16, 32, 48, 64", e, b);
+  if (m.top_k <= 0) return invalid("%s: top_k must be positive, got %d", e, m.top_k);
+  if (static_cast<int64_t>(m.prob_m) * m.top_k > INT32_MAX)
+    return invalid("%s: prob_m * top_k overflows the kernel's i32 output-row domain", e);
+  if (m.prob_n % 64 != 0)
+    return bad_shape("%s: prob_n %d must be divisible by the Marlin minimum thread width 64", e, m.prob_n);
+  if (m.prob_k % 64 != 0)
+    return bad_shape("%s: prob_k %d must be divisible by the Marlin minimum thread width 64", e, m.prob_k);
+  if (int st = check_group(m)) return st;
+  if (m.dev < 0) return invalid("%s: device_ordinal must be non-negative, got %d", e, m.dev);
+  if ((m.has_zp != 0) != (m.zeros != nullptr))
+    return invalid("%s: has_zero_points must exactly match the zero_points pointer", e);
+  if (m.w_type == WType::FE4M3FN && (m.has_zp != 0 || m.zeros != nullptr))
+    return invalid("%s: E4M3 forbids zero points", e);
+  if (m.mul_topk_weights != 0 && m.topk_weights == nullptr)
+    return invalid("%s: mul_topk_weights requires a non-null topk_weights pointer", e);
+  if ((m.use_atomic_add != 0) == (m.use_fp32_reduce != 0))
+    return invalid("%s: exactly one of use_atomic_add and use_fp32_reduce must be enabled", e);
+  if ((m.use_fp32_reduce != 0) != (m.c_tmp != nullptr))
+    return invalid("%s: use_fp32_reduce must exactly match the c_tmp pointer", e);
+  return 0;
+}
+
+// FERRUM_VLLM_MOE_THREAD_K / _THREAD_N, when both are set: the forced tile.
+// Returns 1 when a tile is forced, 0 when not, a status when it is illegal.
+int env_tile(const char* entry, NConfig* nc) {
+  const char* tk = getenv("FERRUM_VLLM_MOE_THREAD_K");
+  const char* tn = getenv("FERRUM_VLLM_MOE_THREAD_N");
+  if (tk == nullptr || tn == nullptr || *tk == '\0' || *tn == '\0') return 0;
+  const int k = atoi(tk), n = atoi(tn);
+  if (!routed_forced_config(k, n, nc))
+    return invalid("%s: FERRUM_VLLM_MOE_THREAD_K=%s / _THREAD_N=%s name no tile; use (128,128), "
+                   "(128,64), (64,256) or (64,128)",
+                   entry, tk, tn);
+  return 1;
+}
+
+int run(const MoeCall& m) {
+  clear_error();
+  if (int st = check_call(m)) return st;
+  const int m8 = m.moe_block_size / 8;
+  const int bits = weight_bits(m.w_type);
+  NConfig nc{};
+  int forced = env_tile(m.entry, &nc);
+  if (forced < 0 || forced > 1) return forced;
+  if (!forced && !routed_auto_config(m8, m.prob_n, m.prob_k, &nc))
+    return bad_shape("%s: no tile serves prob_n=%d, prob_k=%d (need n %% 128 == 0 or k %% 128 == 0)",
+                     m.entry, m.prob_n, m.prob_k);
+  const TileInfo tile = routed_tile_info(m8, nc, bits);
+  if (int st = dense::check_tile_fits(m.entry, tile, m.prob_n, m.prob_k)) return st;
+
+  dense::DeviceFacts facts{};
+  if (int st = dense::query_device(m.entry, m.dev, -1, &facts)) return st;
+  if (static_cast<size_t>(facts.max_smem) < tile.smem_bytes)
+    return fail(FERRUM_STAGE_MAX_SHARED_MEMORY, cudaErrorInvalidConfiguration,
+                "%s: tile needs %zu bytes of shared memory, device %d offers %d", m.entry,
+                tile.smem_bytes, m.dev, facts.max_smem);
+  DeviceGuard guard;
+  if (int st = guard.enter(m.entry, m.dev)) return st;
+
+  const int n = m.prob_n, k = m.prob_k;
+  const int64_t groups = m.group_size == -1 ? 1 : k / m.group_size;
+  const int scale_bytes = m.w_type == WType::FE2M1 ? 1 : 2;
+  Args args{};
+  args.a = m.a;
+  args.b = m.b;
+  args.c = m.c;
+  args.s = m.scales;
+  args.z = m.zeros;
+  args.bias = m.bias;
+  args.locks = static_cast<int*>(m.workspace);
+  args.c_tmp = static_cast<float*>(m.c_tmp);
+  args.m = m.prob_m * m.top_k;
+  args.n = n;
+  args.k = k;
+  args.a_row_int4 = k / 8;
+  args.b_row_int4 = bits == 4 ? n / 2 : n;
+  args.s_row_halves = n;
+  args.z_row_int4 = n / 32;
+  args.group_shift = m.group_size == -1 ? -1 : log2_exact(m.group_size);
+  args.lock_by_range = true;
+  args.fp32_reduce = m.use_fp32_reduce != 0;
+  dense::Routing& r = args.route;
+  r.sorted_ids = m.sorted_token_ids;
+  r.slab_experts = m.expert_ids;
+  r.used_ids = m.num_tokens_past_padded;
+  r.row_weights = m.mul_topk_weights != 0 ? m.topk_weights : nullptr;
+  r.rows = m.prob_m * m.top_k;
+  r.top_k = m.top_k;
+  r.b_expert_int4 = static_cast<long long>(k / 16) * args.b_row_int4;
+  r.s_expert_bytes = groups * n * scale_bytes;
+  r.z_expert_int4 = groups * n / 32;
+  r.bias_expert_bytes = static_cast<long long>(n) * 2;
+  r.bias_p32 = m.w_type == WType::FE2M1;
+
+  int stage = FERRUM_STAGE_KERNEL_LAUNCH;
+  const cudaError_t err = launch_routed_gemm(m.a_type, m.w_type, m8, Route::Sorted, nc, args,
+                                             Launch{facts.sms, m.dev, m.stream}, &stage);
+  if (err != cudaSuccess) return fail_cuda(stage, err, m.entry);
+  record_launch(LaunchRecord{m.entry, m.prob_m, n, k, tile.k_tile, tile.n_tile, m.moe_block_size, m.top_k,
+                             m.group_size, bits, m.has_zp != 0, m.mul_topk_weights != 0, m.is_ep != 0,
+                             m.use_fp32_reduce != 0, facts.sms});
+  return 0;
+}
+
+}  // namespace
+
+}  // namespace ferrum::moe
+
+using ferrum::AType;
+using ferrum::WType;
+
+extern "C" {
+
+FERRUM_API int ferrum_vllm_marlin_moe_f16(const void* a, const void* b, void* c, void* c_tmp,
+                                          const void* b_scales, const void* b_zeros, void* workspace,
+                                          const int* sorted_token_ids, const int* expert_ids,
+                                          const int* num_tokens_past_padded, const float* topk_weights,
+                                          int moe_block_size, int top_k, int mul_topk_weights, int is_ep,
+                                          int prob_m, int prob_n, int prob_k, int group_size, int has_zp,
+                                          int dev, ferrum_stream_t stream, int use_atomic_add,
+                                          int use_fp32_reduce) {
+  return ferrum::moe::run({"ferrum_vllm_marlin_moe_f16", AType::F16, has_zp ? WType::U4 : WType::U4B8, a, b,
+                           c, c_tmp, b_scales, b_zeros, nullptr, workspace, sorted_token_ids, expert_ids,
+                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
+                           is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
+                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce});
+}
+
+FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16(const void* a, const void* b, void* c, void* c_tmp,
+                                              const void* b_scales, const void* b_zeros, void* workspace,
+                                              const int* sorted_token_ids, const int* expert_ids,
+                                              const int* num_tokens_past_padded,
+                                              const float* topk_weights, int moe_block_size, int top_k,
+                                              int mul_topk_weights, int is_ep, int prob_m, int prob_n,
+                                              int prob_k, int group_size, int has_zp, int dev,
+                                              ferrum_stream_t stream, int use_atomic_add,
+                                              int use_fp32_reduce) {
+  return ferrum::moe::run({"ferrum_vllm_marlin_moe_fp8_f16", AType::F16, WType::FE4M3FN, a, b, c, c_tmp,
+                           b_scales, b_zeros, nullptr, workspace, sorted_token_ids, expert_ids,
+                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
+                           is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
+                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce});
+}
+
+FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(const void* a, const void* b, void* c, void* c_tmp,
+                                                 const void* b_bias, const void* b_scales, void* workspace,
+                                                 const int* sorted_token_ids, const int* expert_ids,
+                                                 const int* num_tokens_past_padded,
+                                                 const float* topk_weights, int moe_block_size, int top_k,
+                                                 int mul_topk_weights, int is_ep, int prob_m, int prob_n,
+                                                 int prob_k, int group_size, int dev,
+                                                 ferrum_stream_t stream, int use_atomic_add,
+                                                 int use_fp32_reduce) {
+  return ferrum::moe::run({"ferrum_vllm_marlin_moe_mxfp4_bf16", AType::BF16, WType::FE2M1, a, b, c, c_tmp,
+                           b_scales, nullptr, b_bias, workspace, sorted_token_ids, expert_ids,
+                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
+                           is_ep, prob_m, prob_n, prob_k, group_size, 0, dev,
+                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce});
+}
+
+}  // extern "C"

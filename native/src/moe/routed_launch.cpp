@@ -1,0 +1,102 @@
+#include "routed_launch.h"
+
+#include "../dense/gemm_tiles.h"
+
+namespace ferrum::moe {
+
+namespace {
+
+template <int M8, NConfig NC, int Bits>
+TileInfo info() {
+  using T = dense::Tile<M8, NC, Bits>;
+  return TileInfo{T::m_rows, T::n_tile, T::k_tile, T::smem_bytes};
+}
+
+template <NConfig NC, int Bits>
+TileInfo info_m8(int m8) {
+  switch (m8) {
+    case 1: return info<1, NC, Bits>();
+    case 2: return info<2, NC, Bits>();
+    case 4: return info<4, NC, Bits>();
+    case 6: return info<6, NC, Bits>();
+    default: return info<8, NC, Bits>();
+  }
+}
+
+template <int Bits>
+TileInfo info_bits(int m8, NConfig nc) {
+  switch (nc) {
+    case NConfig::N256_K64: return info_m8<NConfig::N256_K64, Bits>(m8);
+    case NConfig::N64_K128: return info_m8<NConfig::N64_K128, Bits>(m8);
+    case NConfig::N128_K64: return info_m8<NConfig::N128_K64, Bits>(m8);
+    case NConfig::N128_K128:
+    default: return info_m8<NConfig::N128_K128, Bits>(m8);
+  }
+}
+
+template <AType A, WType W, Route R>
+cudaError_t launch_height(int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
+  switch (m8) {
+    case 1:
+      // Buckets hold 16 to 64 rows: no 8-row bucketed kernel is built.
+      if constexpr (R != Route::Bucketed) return dense::launch_routed<A, W, 1, R>(nc, args, launch, stage);
+      break;
+    case 2: return dense::launch_routed<A, W, 2, R>(nc, args, launch, stage);
+    case 4: return dense::launch_routed<A, W, 4, R>(nc, args, launch, stage);
+    case 6: return dense::launch_routed<A, W, 6, R>(nc, args, launch, stage);
+    case 8: return dense::launch_routed<A, W, 8, R>(nc, args, launch, stage);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+bool routed_m8_supported(int m8) { return m8 == 1 || m8 == 2 || m8 == 4 || m8 == 6 || m8 == 8; }
+
+TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
+  return bits == 8 ? info_bits<8>(m8, nc) : info_bits<4>(m8, nc);
+}
+
+// 128x128 tiles keep many columns in flight at decode; 64-row slabs prefer
+// 256 columns (half the activation traffic per weight byte); k = 64 * odd needs
+// the 64-deep tile and n = 64 * odd the 64-wide one.
+bool routed_auto_config(int m8, int n, int k, NConfig* nc) {
+  if (m8 == 8 && n % 256 == 0 && k % 64 == 0) *nc = NConfig::N256_K64;
+  else if (n % 128 == 0 && k % 128 == 0) *nc = NConfig::N128_K128;
+  else if (n % 64 == 0 && k % 128 == 0) *nc = NConfig::N64_K128;
+  else if (n % 128 == 0 && k % 64 == 0) *nc = NConfig::N128_K64;
+  else return false;
+  return true;
+}
+
+bool routed_forced_config(int thread_k, int thread_n, NConfig* nc) {
+  if (thread_k == 128 && thread_n == 128) *nc = NConfig::N128_K128;
+  else if (thread_k == 64 && thread_n == 256) *nc = NConfig::N256_K64;
+  else if (thread_k == 128 && thread_n == 64) *nc = NConfig::N64_K128;
+  else if (thread_k == 64 && thread_n == 128) *nc = NConfig::N128_K64;
+  else return false;
+  return true;
+}
+
+cudaError_t launch_routed_gemm(AType a, WType w, int m8, Route r, NConfig nc, Args& args,
+                               const Launch& launch, int* stage) {
+  if (r == Route::Bucketed) {
+    if (a == AType::F16 && w == WType::U4B8)
+      return launch_height<AType::F16, WType::U4B8, Route::Bucketed>(m8, nc, args, launch, stage);
+    return cudaErrorInvalidValue;
+  }
+  if (a == AType::BF16) {
+    if (w == WType::FE2M1)
+      return launch_height<AType::BF16, WType::FE2M1, Route::Sorted>(m8, nc, args, launch, stage);
+    return cudaErrorInvalidValue;
+  }
+  switch (w) {
+    case WType::U4B8: return launch_height<AType::F16, WType::U4B8, Route::Sorted>(m8, nc, args, launch, stage);
+    case WType::U4: return launch_height<AType::F16, WType::U4, Route::Sorted>(m8, nc, args, launch, stage);
+    case WType::FE4M3FN:
+      return launch_height<AType::F16, WType::FE4M3FN, Route::Sorted>(m8, nc, args, launch, stage);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace ferrum::moe
