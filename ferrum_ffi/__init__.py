@@ -21,6 +21,7 @@ from .formats import (
     repack_marlin_to_gptq,
     repack_scales_to_marlin,
 )
+from .fused_moe import FusedMoE, fused_moe, route
 from .general_gemm import linear, release_scratch
 from .mm import launch_marlin_mm
 from .moe import (
@@ -29,12 +30,14 @@ from .moe import (
     launch_marlin_moe,
     launch_marlin_moe_mxfp4_bf16,
 )
+from .moe_ops import gpt_oss_swiglu, moe_align_block_size, moe_sum, silu_and_mul, topk_softmax
 from .moe_validation import (
     MarlinMoeF16Launch,
     MarlinMoeMxfp4Bf16Launch,
     MoeBucketProblem,
     MoeF16WeightType,
 )
+from .moe_weights import MOE_KINDS, MarlinMoeWeight
 from .profile import drain_profile, profile_label, record_gather, runtime_config
 from .status import (
     ArgumentError,
@@ -57,10 +60,13 @@ __all__ = [
     "ArgumentTypeError",
     "Bfloat16Array",
     "FerrumError",
+    "FusedMoE",
     "LibraryError",
+    "MOE_KINDS",
     "MarlinLinearWeight",
     "MarlinMoeF16Launch",
     "MarlinMoeMxfp4Bf16Launch",
+    "MarlinMoeWeight",
     "MarlinWeight",
     "MmFlag",
     "MmProblem",
@@ -75,6 +81,8 @@ __all__ = [
     "configure_moe_profile_sink",
     "device_count",
     "drain_profile",
+    "fused_moe",
+    "gpt_oss_swiglu",
     "launch_marlin_cuda",
     "launch_marlin_cuda_moe",
     "launch_marlin_mm",
@@ -86,6 +94,8 @@ __all__ = [
     "marlin_gemm",
     "marlin_gemm_with_offset",
     "marlin_gemm_with_offset_strided",
+    "moe_align_block_size",
+    "moe_sum",
     "permute_gptq_qweight_rows",
     "profile_label",
     "record_gather",
@@ -93,5 +103,8 @@ __all__ = [
     "repack_gptq_to_marlin",
     "repack_marlin_to_gptq",
     "repack_scales_to_marlin",
+    "route",
     "runtime_config",
+    "silu_and_mul",
+    "topk_softmax",
 ]

@@ -1,16 +1,20 @@
-"""Scratch buffers of the general GEMM, kept per (device, stream).
+"""Scratch buffers of the GEMMs, kept per (device, stream).
 
 ``ferrum_marlin_mm`` needs a lock workspace (int32, zero on entry, left zero),
 for FP32_REDUCE an fp32 ``c_tmp``, and for act-order an ``a_tmp`` the
-activations are gathered into. Two launches in flight on different streams
-must not share them, launches on one stream may (the stream orders them), so
-they are cached per ``(device, stream)`` and grown on demand: after the first
-call of a given size nothing is allocated, which keeps ``linear`` capturable
-in a CUDA graph once warmed up.
+activations are gathered into; the fused-MoE GEMMs share the workspace and
+``c_tmp`` (every kernel leaves the locks zero) and add named buffers of their
+own (routing arrays, intermediate activations: :func:`scratch_array`). Two
+launches in flight on different streams must not share them, launches on one
+stream may (the stream orders them), so they are cached per ``(device,
+stream)`` and grown on demand: after the first call of a given size nothing
+is allocated, which keeps ``linear`` and ``fused_moe`` capturable in a CUDA
+graph once warmed up.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +51,13 @@ class Scratch:
 
 
 _cache: dict[tuple[int, int], Scratch] = {}
+# Named buffers of scratch_array, per (device, stream, name, dtype name).
+_arrays: dict[tuple[int, int, str, str], _Buffer] = {}
 _lock = threading.Lock()
+
+
+def _key(device: int, stream: int) -> tuple[int, int]:
+    return int(device), 1 if stream in (0, 1) else int(stream)  # 0 and 1: the legacy default stream
 
 
 def _grow(buffer: _Buffer, nbytes: int, dtype: np.dtype, like: Any, device: int, stream: int) -> bool:
@@ -72,7 +82,7 @@ def scratch_for(
 ) -> Scratch:
     """The ``(device, stream)`` scratch, grown to the requested sizes. A new
     workspace is zeroed on ``stream`` (before the kernel that reads it)."""
-    key = (int(device), 1 if stream in (0, 1) else int(stream))  # 0 and 1: the legacy default stream
+    key = _key(device, stream)
     if isinstance(like, Bfloat16Array):
         like = like.base  # scratch is int32/fp32: allocate in the storage's library, unwrapped
     with _lock:
@@ -88,7 +98,29 @@ def scratch_for(
         return scratch
 
 
+def scratch_array(device: int, stream: int, like: Any, name: str, count: int, dtype: np.dtype | type) -> Any:
+    """The ``(device, stream)`` buffer ``name`` of ``dtype``: a 1-D array of at
+    least ``count`` elements (contents undefined), grown on demand in the
+    library of ``like``. Take views of it with :func:`shaped`."""
+    dtype = np.dtype(dtype)
+    if isinstance(like, Bfloat16Array):
+        like = like.base  # allocate in the storage's library; allocate() wraps bfloat16 itself
+    with _lock:
+        buffer = _arrays.setdefault(_key(device, stream) + (name, dtype.name), _Buffer())
+        _grow(buffer, count * dtype.itemsize, dtype, like, device, stream)
+        return buffer.array
+
+
+def shaped(array: Any, shape: tuple[int, ...]) -> Any:
+    """The first ``prod(shape)`` elements of a 1-D :func:`scratch_array` as a
+    C-contiguous view of ``shape`` (no copy, no allocation)."""
+    if isinstance(array, Bfloat16Array):
+        return Bfloat16Array(shaped(array.base, shape))
+    return array[: math.prod(shape)].reshape(shape)
+
+
 def release_scratch() -> None:
     """Drop every cached scratch buffer (call when no launch is in flight)."""
     with _lock:
         _cache.clear()
+        _arrays.clear()

@@ -1,0 +1,426 @@
+"""``fused_moe``: a whole MoE layer (routing -> gate/up GEMM -> activation ->
+down GEMM -> top-k sum) on device arrays, one stream, no host sync.
+
+The path of one call, all on ``stream``::
+
+    topk_ids --moe_align_block_size--> sorted_token_ids, expert_ids, count
+    hidden [M, K] --w13 GEMM (top_k rows a token)--> gate_up [M*top_k, 2I]
+    gate_up --silu_and_mul | gpt_oss_swiglu--> activated [M*top_k, w2.k]
+    activated --w2 GEMM (x topk_weights[t])--> down [M*top_k, H]
+    down --moe_sum--> out [M, H]
+
+The down GEMM reuses the routing of the gate/up GEMM: with ``top_k = 1`` and
+``prob_m = M*top_k`` the ids ``t = token*top_k + slot`` name the rows of
+``activated`` directly, and the padding id ``M*top_k`` is still past the
+last row. The routing count stays on the device (the kernels read it).
+
+Every rule is checked before the first native call. Scratch (routing arrays,
+intermediates, the lock workspace and ``c_tmp``) is cached per (device,
+stream) in :mod:`._scratch` and grown on demand, so after a first call of a
+given size nothing but an omitted ``out`` is allocated and the call can be
+captured in a CUDA graph.
+
+Weights and activations: INT4 (``u4b8``, ``u4``) and FP8 (``fe4m3fn``)
+experts run FP16 activations, MXFP4 experts BF16 (each kind's only entry
+point). The MXFP4 kernel adds its bias itself; the INT4/FP8 entry points take
+none, so an INT4/FP8 weight carrying a bias is refused rather than silently
+dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._devices import allocate, device_of, prepare_stream
+from ._interop import DeviceArray, as_device_array
+from ._native import library
+from ._scratch import scratch_array, scratch_for, shaped
+from .mm import device_sm_count
+from .moe import launch_marlin_moe, launch_marlin_moe_mxfp4_bf16
+from .moe_ops import (
+    MAX_EXPERTS,
+    align_capacity,
+    gpt_oss_swiglu,
+    moe_align_block_size,
+    moe_sum,
+    silu_and_mul,
+    topk_softmax,
+)
+from .moe_validation import (
+    MOE_BLOCK_SIZES,
+    MoeF16WeightType,
+    moe_c_tmp_floats,
+    moe_workspace_ints,
+)
+from .moe_weights import MarlinMoeWeight
+from .status import ArgumentTypeError
+from .validation import I32_MAX, check_array, check_shape, fail
+
+__all__ = ["ACTIVATIONS", "FusedMoE", "default_block_size", "fused_moe", "route"]
+
+ENTRY = "fused_moe"
+ACTIVATIONS = ("silu", "gpt_oss_swiglu")
+"""``silu``: planar ``[gate | up]`` halves of the gate/up output;
+``gpt_oss_swiglu``: interleaved (gate, up) column pairs, GPT-OSS's clamps."""
+_INT32 = np.dtype(np.int32)
+_FLOAT32 = np.dtype(np.float32)
+
+
+def default_block_size(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """The routing block size ``fused_moe`` uses: the smallest of 8, 16, 32,
+    48, 64 that holds the rows an expert receives on average,
+    ``ceil(num_tokens * top_k / num_experts)``, and 64 beyond that.
+
+    Why: each block of rows streams its expert's whole weight, so an expert
+    of average load should fit one block; a block larger than that only adds
+    padded rows (``num_experts * (block - 1)`` at most) that the tensor cores
+    compute for nothing. Decode (a few tokens over many experts) gets 8,
+    large prefill batches 64."""
+    rows = -(-num_tokens * top_k // num_experts)
+    return next((size for size in MOE_BLOCK_SIZES if size >= rows), MOE_BLOCK_SIZES[-1])
+
+
+# ---- rules -------------------------------------------------------------------------------
+
+
+def _check_weights(entry: str, w13: Any, w2: Any, activation: Any) -> None:
+    """The layer's static rules: two device weights of one activation dtype and
+    expert count, widths that chain through the activation, no dropped bias."""
+    for name, weight in (("w13", w13), ("w2", w2)):
+        if not isinstance(weight, MarlinMoeWeight):
+            raise ArgumentTypeError(f"{entry}: {name} must be a MarlinMoeWeight, got {type(weight).__name__}")
+        if not weight.on_device:
+            fail(f"{entry}: {name}'s buffers are host arrays; call {name}.to_device() first")
+        if weight.kind != "mxfp4" and weight.bias is not None:
+            fail(f"{entry}: {name} (kind {weight.kind!r}) carries a bias, but the INT4/FP8 MoE GEMMs add none; "
+                 "only MXFP4 weights have a fused bias")
+    if activation not in ACTIVATIONS:
+        fail(f"{entry}: activation={activation!r} must be one of {', '.join(ACTIVATIONS)}")
+    if w13.activation_dtype != w2.activation_dtype:
+        fail(f"{entry}: w13 (kind {w13.kind!r}) runs {w13.activation_dtype.name} activations, w2 (kind "
+             f"{w2.kind!r}) {w2.activation_dtype.name}; both GEMMs must share one activation dtype")
+    if w13.num_experts != w2.num_experts:
+        fail(f"{entry}: w13 has {w13.num_experts} experts, w2 {w2.num_experts}")
+    intermediate = w13.n // 2
+    if activation == "silu" and w2.k != intermediate:
+        hint = "; a padded K needs gpt_oss_swiglu, which writes the zero padding" if w2.k > w2.logical_k else ""
+        fail(f"{entry}: w2.k={w2.k} must equal w13.n / 2 = {intermediate} (silu_and_mul's output width{hint})")
+    if activation == "gpt_oss_swiglu" and w2.logical_k != intermediate:
+        fail(f"{entry}: w2.logical_k={w2.logical_k} must equal w13.n / 2 = {intermediate} "
+             "(gpt_oss_swiglu's logical output width)")
+    if w2.n != w13.logical_k:
+        fail(f"{entry}: w2.n={w2.n} must equal w13.logical_k={w13.logical_k} (the layer maps the hidden "
+             "size to itself)")
+
+
+def _check_real(entry: str, name: str, value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{entry}: {name} must be a real number, got {type(value).__name__}")
+    if math.isnan(value):
+        fail(f"{entry}: {name} must not be NaN")
+    return float(value)
+
+
+def _check_bool(entry: str, name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{entry}: {name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _check_options(entry: str, block_size: Any, fp32_reduce: Any, alpha: Any, limit: Any) -> None:
+    if block_size is not None and (isinstance(block_size, (bool, np.bool_))
+                                   or not isinstance(block_size, (int, np.integer))
+                                   or block_size not in MOE_BLOCK_SIZES):
+        fail(f"{entry}: block_size={block_size!r} must be None (automatic) or one of "
+             f"{', '.join(map(str, MOE_BLOCK_SIZES))}")
+    _check_bool(entry, "fp32_reduce", fp32_reduce)
+    _check_real(entry, "alpha", alpha)
+    if _check_real(entry, "limit", limit) < 0:
+        fail(f"{entry}: limit={limit} must be >= 0 (inf: no clamp)")
+
+
+def _check_hidden(entry: str, hidden: Any, w13: MarlinMoeWeight) -> DeviceArray:
+    """``hidden [M, w13.k]`` of the weights' activation dtype, C-contiguous, 16-byte aligned."""
+    view = as_device_array(hidden, "hidden")
+    check_array(entry, "hidden", view, w13.activation_dtype, ndim=2)
+    if view.shape[1] != w13.k:
+        pad = f" (logical {w13.logical_k}, zero-padded to the kernel's K)" if w13.k != w13.logical_k else ""
+        fail(f"{entry}: hidden has {view.shape[1]} columns, w13.k={w13.k}{pad}")
+    return view
+
+
+def _routed_experts(entry: str, w13: MarlinMoeWeight, expert_map: Any) -> tuple[int, DeviceArray | None]:
+    """Experts the router chooses among: w13's, or every global expert of an
+    ``expert_map`` (int32 [global] -> local id or -1) when this rank holds a share."""
+    if expert_map is None:
+        experts, view = w13.num_experts, None
+    else:
+        view = as_device_array(expert_map, "expert_map")
+        check_array(entry, "expert_map", view, _INT32, ndim=1, alignment=4)
+        experts = view.shape[0]
+        if experts < w13.num_experts:
+            fail(f"{entry}: expert_map has {experts} (global) experts, fewer than the {w13.num_experts} "
+                 "local experts of the weights")
+    if experts > MAX_EXPERTS:
+        fail(f"{entry}: {experts} experts exceed the {MAX_EXPERTS} the routing kernels hold")
+    return experts, view
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One validated call: sizes, the device, and the input views."""
+
+    m: int
+    top_k: int
+    num_experts: int
+    block_size: int
+    device: int
+    hidden: DeviceArray
+    topk_weights: DeviceArray
+    topk_ids: DeviceArray
+    expert_map: DeviceArray | None
+
+    @property
+    def rows(self) -> int:
+        return self.m * self.top_k
+
+
+def _on(entry: str, name: str, obj: Any, view: DeviceArray, device: int) -> None:
+    if view.size and device_of(obj, view) != device:
+        fail(f"{entry}: {name} is on device {device_of(obj, view)}, the weights on device {device}")
+
+
+def _check_call(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: Any, topk_ids: Any,
+                activation: Any, expert_map: Any, block_size: Any, fp32_reduce: Any, alpha: Any,
+                limit: Any) -> _Call:
+    _check_weights(ENTRY, w13, w2, activation)
+    _check_options(ENTRY, block_size, fp32_reduce, alpha, limit)
+    hidden_view = _check_hidden(ENTRY, hidden, w13)
+    m = hidden_view.shape[0]
+    ids_view = as_device_array(topk_ids, "topk_ids")
+    check_array(ENTRY, "topk_ids", ids_view, _INT32, ndim=2, alignment=4)
+    weights_view = as_device_array(topk_weights, "topk_weights")
+    check_array(ENTRY, "topk_weights", weights_view, _FLOAT32, ndim=2, alignment=4)
+    top_k = ids_view.shape[1]
+    if ids_view.shape[0] != m or top_k < 1:
+        fail(f"{ENTRY}: topk_ids must be [M={m}, top_k >= 1], got shape {ids_view.shape}")
+    check_shape(ENTRY, "topk_weights", weights_view, ids_view.shape)
+    num_experts, map_view = _routed_experts(ENTRY, w13, expert_map)
+    if top_k > num_experts:
+        fail(f"{ENTRY}: top_k={top_k} must be <= the {num_experts} routed experts")
+    if w13.kind == "mxfp4" and top_k > w13.num_experts:
+        # The MXFP4 entry point's contract bounds top_k by the experts it holds.
+        fail(f"{ENTRY}: MXFP4 needs top_k={top_k} <= the {w13.num_experts} experts of w13")
+    if block_size is None:
+        block_size = default_block_size(max(m, 1), top_k, num_experts)
+    if align_capacity(m, top_k, num_experts, int(block_size))[0] > I32_MAX:
+        fail(f"{ENTRY}: M * top_k = {m * top_k} routed rows do not fit the kernels' int32 row ids")
+    device = device_of(w13.qweight, as_device_array(w13.qweight, "w13.qweight"))
+    _on(ENTRY, "w2", w2.qweight, as_device_array(w2.qweight, "w2.qweight"), device)
+    _on(ENTRY, "hidden", hidden, hidden_view, device)
+    _on(ENTRY, "topk_ids", topk_ids, ids_view, device)
+    _on(ENTRY, "topk_weights", topk_weights, weights_view, device)
+    if map_view is not None:
+        _on(ENTRY, "expert_map", expert_map, map_view, device)
+    return _Call(m=m, top_k=top_k, num_experts=num_experts, block_size=int(block_size), device=device,
+                 hidden=hidden_view, topk_weights=weights_view, topk_ids=ids_view, expert_map=map_view)
+
+
+def _output(out: Any, hidden: Any, call: _Call, n: int, dtype: np.dtype) -> tuple[Any, DeviceArray]:
+    """``out [M, n]``, checked (16-byte aligned: with top_k = 1 the down GEMM
+    writes it), or a new array in ``hidden``'s library."""
+    if out is None:
+        out = allocate(hidden, call.hidden, (call.m, n), dtype, call.device)
+        return out, as_device_array(out, "out")
+    view = as_device_array(out, "out")
+    check_array(ENTRY, "out", view, dtype, ndim=2)
+    check_shape(ENTRY, "out", view, (call.m, n))
+    if view.readonly:
+        fail(f"{ENTRY}: out is read-only")
+    _on(ENTRY, "out", out, view, call.device)
+    return out, view
+
+
+# ---- the layer ---------------------------------------------------------------------------
+
+
+def fused_moe(
+    hidden: Any,
+    w13: MarlinMoeWeight,
+    w2: MarlinMoeWeight,
+    topk_weights: Any,
+    topk_ids: Any,
+    *,
+    activation: str = "silu",
+    expert_map: Any = None,
+    block_size: int | None = None,
+    fp32_reduce: bool = False,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """One MoE layer: ``out[m] = sum over slots j of topk_weights[m, j] *
+    (act(hidden[m] @ W13[e] + b13[e]) @ W2[e] + b2[e])`` with ``e =
+    topk_ids[m, j]`` (biases: MXFP4 only).
+
+    ``hidden``: ``[M, w13.k]`` of the weights' activation dtype (float16 for
+    ``u4b8``/``u4``/``fe4m3fn``, bfloat16 for ``mxfp4``), C-contiguous,
+    16-byte aligned; a K that MXFP4 pads (``w13.k > w13.logical_k``) is
+    passed padded, with finite (best: zero) padding. ``w13``: the gate/up
+    projection, ``n = 2 * I``; ``w2``: the down projection, ``n = H =
+    w13.logical_k``, ``k = I`` (``logical_k = I`` when MXFP4 pads it). Both
+    must be on the device (:meth:`MarlinMoeWeight.to_device`).
+    ``topk_weights`` float32 / ``topk_ids`` int32, ``[M, top_k]``, as
+    :func:`route` gives them; ids must lie in ``[0, experts)`` (an id outside
+    leaves its row undefined; the kernels cannot report it).
+
+    ``activation``: ``"silu"`` (gate = first ``I`` columns of the gate/up
+    output, up = the rest) or ``"gpt_oss_swiglu"`` (interleaved pairs, ``g =
+    min(gate, limit)``, ``u = clamp(up, -limit, limit)``, ``(u + 1) * g *
+    sigmoid(alpha * g)``, zero-padded to ``w2.k``). ``expert_map``: int32
+    ``[global experts]`` -> local id or -1 (expert parallelism: the weights
+    hold this rank's experts, the ids are global; other ranks' experts add
+    nothing here). ``block_size``: routing block (8, 16, 32, 48, 64), default
+    :func:`default_block_size`. ``fp32_reduce``: split-K partials summed in
+    fp32 in a fixed order (bitwise reproducible) instead of atomics.
+
+    The intermediates are rounded to the activation dtype between the
+    kernels; ``out`` ``[M, H]`` (allocated in ``hidden``'s library when
+    omitted) gets the fp32 sum of the weighted rows. Never synchronises.
+    """
+    call = _check_call(hidden, w13, w2, topk_weights, topk_ids, activation, expert_map, block_size,
+                       fp32_reduce, alpha, limit)
+    dtype = w13.activation_dtype
+    out, out_view = _output(out, hidden, call, w2.n, dtype)
+    if call.m == 0:
+        return out
+    views = [call.hidden, call.topk_weights, call.topk_ids, out_view]
+    handle = prepare_stream(stream, views + ([call.expert_map] if call.expert_map is not None else []))
+    rows, device = call.rows, call.device
+    sms = device_sm_count(device)
+    # One fp32 c_tmp serves both GEMMs (they run one after the other on the stream).
+    c_tmp_floats = max(rows * max(w13.n, w2.n), moe_c_tmp_floats(call.block_size, sms)) if fp32_reduce else 0
+    shared = scratch_for(device, handle, hidden, workspace_bytes=4 * moe_workspace_ints(sms),
+                         c_tmp_bytes=4 * c_tmp_floats)
+    sorted_capacity, blocks = align_capacity(call.m, call.top_k, call.num_experts, call.block_size)
+
+    def buffer(name: str, shape: tuple[int, ...], kind: np.dtype) -> Any:
+        return shaped(scratch_array(device, handle, hidden, f"fused_moe.{name}", math.prod(shape), kind), shape)
+
+    routing = (buffer("sorted_token_ids", (sorted_capacity,), _INT32), buffer("expert_ids", (blocks,), _INT32),
+               buffer("num_tokens_post_padded", (1,), _INT32))
+    # The gate/up output is dead once activated, so the down output reuses its storage.
+    gemm_rows = scratch_array(device, handle, hidden, "fused_moe.gemm_out", rows * max(w13.n, w2.n), dtype)
+    gate_up = shaped(gemm_rows, (rows, w13.n))
+    activated = buffer("activated", (rows, w2.k), dtype)
+    workspace = shared.workspace.array
+    c_tmp = shared.c_tmp.array if fp32_reduce else None
+    is_ep = call.expert_map is not None
+
+    moe_align_block_size(topk_ids, call.num_experts, call.block_size, expert_map, out=routing, stream=handle)
+    _gemm(w13, a=hidden, c=gate_up, routing=routing, workspace=workspace, c_tmp=c_tmp, prob_m=call.m,
+          top_k=call.top_k, block_size=call.block_size, is_ep=is_ep, stream=handle)
+    if activation == "silu":
+        silu_and_mul(gate_up, out=activated, stream=handle)
+    else:
+        gpt_oss_swiglu(gate_up, physical_d=w2.k, alpha=alpha, limit=limit, out=activated, stream=handle)
+    # With top_k = 1 each token has one row: the down GEMM writes out directly.
+    down = out if call.top_k == 1 else shaped(gemm_rows, (rows, w2.n))
+    if is_ep:
+        # Rows routed to other ranks' experts are skipped by the GEMM and must
+        # add zero; zeroed only now, as ``down`` may share gate_up's storage.
+        down_view = out_view if call.top_k == 1 else as_device_array(down, "down")
+        lib = library()
+        lib.check("ferrum_marlin_memset_async",
+                  lib.ferrum_marlin_memset_async(down_view.ptr, 0, down_view.nbytes, handle))
+    _gemm(w2, a=activated, c=down, routing=routing, workspace=workspace, c_tmp=c_tmp, prob_m=rows, top_k=1,
+          block_size=call.block_size, is_ep=is_ep, stream=handle, topk_weights=topk_weights)
+    if call.top_k > 1:
+        moe_sum(down, call.top_k, out=out, stream=handle)
+    return out
+
+
+def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, Any], workspace: Any,
+          c_tmp: Any, prob_m: int, top_k: int, block_size: int, is_ep: bool, stream: int,
+          topk_weights: Any = None) -> None:
+    """One fused-MoE GEMM of ``weight``'s kind; ``topk_weights`` given: rows
+    scaled by them."""
+    sorted_ids, expert_ids, count = routing
+    common = dict(
+        a=a, b=weight.qweight, c=c, scales=weight.scales, workspace=workspace, sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids, num_tokens_past_padded=count, prob_m=prob_m, prob_n=weight.n, prob_k=weight.k,
+        top_k=top_k, moe_block_size=block_size, group_size=weight.group_size, c_tmp=c_tmp,
+        topk_weights=topk_weights, mul_topk_weights=topk_weights is not None, is_ep=is_ep,
+        use_fp32_reduce=c_tmp is not None, expert_count=weight.num_experts, stream=stream,
+    )
+    if weight.kind == "mxfp4":
+        launch_marlin_moe_mxfp4_bf16(bias=weight.bias, **common)
+    else:
+        weight_type = MoeF16WeightType.E4M3 if weight.kind == "fe4m3fn" else MoeF16WeightType.U4B8
+        launch_marlin_moe(weight_type=weight_type, zero_points=weight.zero_points, **common)
+
+
+# ---- routing and the layer object ----------------------------------------------------------
+
+
+def route(logits: Any, top_k: int, renormalize: bool = True, stream: Any = None, *,
+          out: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+    """The router: softmax of ``logits [M, experts]`` (float16, bfloat16 or
+    float32) and its ``top_k`` largest entries -> ``(topk_weights float32,
+    topk_ids int32)``, ``[M, top_k]``, largest first (ties: lower id);
+    ``renormalize`` makes each token's weights sum to 1. See
+    :func:`~ferrum_ffi.moe_ops.topk_softmax`; ``out`` may give both arrays."""
+    return topk_softmax(logits, top_k, renormalize, out=out, stream=stream)
+
+
+@dataclass(frozen=True, eq=False)
+class FusedMoE:
+    """A MoE layer usable from router logits: ``layer(hidden, logits)`` runs
+    :func:`route` then :func:`fused_moe` with the fields below (their meaning
+    is :func:`fused_moe`'s). ``logits``: ``[M, experts]``, ``experts`` being
+    the global count with an ``expert_map``."""
+
+    w13: MarlinMoeWeight
+    w2: MarlinMoeWeight
+    top_k: int
+    activation: str = "silu"
+    renormalize: bool = True
+    expert_map: Any = None
+    block_size: int | None = None
+    fp32_reduce: bool = False
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __post_init__(self) -> None:
+        entry = "FusedMoE"
+        _check_weights(entry, self.w13, self.w2, self.activation)
+        _check_options(entry, self.block_size, self.fp32_reduce, self.alpha, self.limit)
+        _check_bool(entry, "renormalize", self.renormalize)
+        if isinstance(self.top_k, (bool, np.bool_)) or not isinstance(self.top_k, (int, np.integer)):
+            raise ArgumentTypeError(f"{entry}: top_k must be an integer, got {type(self.top_k).__name__}")
+        experts = _routed_experts(entry, self.w13, self.expert_map)[0]
+        if not 1 <= self.top_k <= experts:
+            fail(f"{entry}: top_k={self.top_k} must be in 1..{experts} (the routed experts)")
+
+    @property
+    def num_experts(self) -> int:
+        """The router's expert count (global with an ``expert_map``)."""
+        return _routed_experts("FusedMoE", self.w13, self.expert_map)[0]
+
+    def __call__(self, hidden: Any, router_logits: Any, *, out: Any = None, stream: Any = None) -> Any:
+        """``[M, H]`` output of ``hidden [M, w13.k]`` routed by ``router_logits [M, experts]``."""
+        # hidden and the logits are checked before the router runs; the rest by fused_moe.
+        m = _check_hidden("FusedMoE", hidden, self.w13).shape[0]
+        logits = as_device_array(router_logits, "router_logits")
+        if logits.shape != (m, self.num_experts):
+            fail(f"FusedMoE: router_logits must be [M={m}, {self.num_experts}], got shape {logits.shape}")
+        topk_weights, topk_ids = route(router_logits, self.top_k, self.renormalize, stream=stream)
+        return fused_moe(hidden, self.w13, self.w2, topk_weights, topk_ids, activation=self.activation,
+                         expert_map=self.expert_map, block_size=self.block_size, fp32_reduce=self.fp32_reduce,
+                         alpha=self.alpha, limit=self.limit, out=out, stream=stream)

@@ -1,0 +1,139 @@
+"""fused_moe end to end on the CPU: the native entry points emulated on host
+memory from the header's definitions (tests/moe_host_kernels.py), so that
+how the layer chains them -- one routing for both GEMMs, the down GEMM's
+top_k = 1 rows, the storage the two GEMM outputs share, the zeroing of other
+ranks' rows, scratch reused with stale contents -- is checked against the
+float64 layer reference without a GPU."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+import ferrum_ffi as ff
+from ferrum_ffi import _devices, _scratch, moe, moe_ops
+from ferrum_ffi.formats import quantize_mxfp4
+
+from . import mm_fakes, moe_reference
+from . import moe_layer_reference as ref
+from .mm_fakes import host_cai
+from .moe_host_kernels import BF16, HostFlat, HostMoeLibrary
+
+layer = importlib.import_module("ferrum_ffi.fused_moe")
+E = 8
+
+
+@pytest.fixture
+def lib(monkeypatch):
+    fake = mm_fakes.install_library(monkeypatch, HostMoeLibrary())
+    for module in (moe, moe_ops, _scratch, _devices, layer):
+        monkeypatch.setattr(module, "library", lambda: fake)
+    for module in (moe_ops, _scratch, layer):
+        monkeypatch.setattr(module, "allocate", lambda like, view, shape, dtype, device, stream=None:
+                            HostFlat.empty(shape, dtype))
+    for module in (moe, moe_ops, layer):
+        monkeypatch.setattr(module, "device_of", lambda obj, view: 0)
+    monkeypatch.setattr(_scratch, "_cache", {})
+    monkeypatch.setattr(_scratch, "_arrays", {})
+    return fake
+
+
+class Layer:
+    """Small device-side (host-backed) weights of one kind, their float64
+    values registered with the emulated kernels, and the reference's view."""
+
+    def __init__(self, lib: HostMoeLibrary, kind: str, experts: int = E, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.hidden, inter = (192, 192) if kind == "mxfp4" else (256, 128)
+        w13 = rng.standard_normal((experts, 2 * inter, self.hidden)) * 2 / np.sqrt(self.hidden)
+        w2 = rng.standard_normal((experts, self.hidden, inter)) / np.sqrt(inter)
+        if kind == "mxfp4":
+            self.bias13 = (0.5 * rng.standard_normal((experts, 2 * inter))).astype(BF16).astype(np.float64)
+            self.bias2 = (0.1 * rng.standard_normal((experts, self.hidden))).astype(BF16).astype(np.float64)
+            q13 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w13), bias=self.bias13)
+            q2 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w2), bias=self.bias2)
+            self.activation = "gpt_oss_swiglu"
+        else:
+            self.bias13 = self.bias2 = None
+            q13, q2 = ff.MarlinMoeWeight.from_float(w13, kind), ff.MarlinMoeWeight.from_float(w2, kind)
+            self.activation = "silu"
+        self.dtype = q13.activation_dtype
+        self.w13, self.w2 = q13.to_device(host_cai), q2.to_device(host_cai)
+        self.d13, self.d2 = q13.dequantize(), q2.dequantize()
+        lib.register(self.w13, self.d13, self.bias13)
+        lib.register(self.w2, self.d2, self.bias2)
+
+    def inputs(self, m: int, top_k: int, experts: int = E, seed: int = 1):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((m, self.w13.k)).astype(np.float32).astype(self.dtype)
+        ids = rng.random((m, experts)).argsort(axis=1)[:, :top_k].astype(np.int32)
+        weights = (rng.random((m, top_k)) + 0.1).astype(np.float32)
+        return x, (weights / weights.sum(axis=1, keepdims=True)).astype(np.float32), ids
+
+    def run(self, x, weights, ids, **kwargs) -> np.ndarray:
+        out = ff.fused_moe(host_cai(x), self.w13, self.w2, host_cai(weights), host_cai(ids),
+                           activation=self.activation, **kwargs)
+        return out.array.astype(np.float64)
+
+    def reference(self, x, weights, ids, expert_map=None, **kwargs) -> np.ndarray:
+        return ref.fused_moe(x, self.d13, self.d2, weights, ids, activation=self.activation, dtype=self.dtype,
+                             expert_map=expert_map, bias13=self.bias13, bias2=self.bias2, **kwargs)
+
+
+def assert_matches(got: np.ndarray, expected: np.ndarray) -> None:
+    # The same float64 math rounded at the same places: only a rare last-place flip may differ.
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - expected) <= 1e-3 * np.linalg.norm(expected)
+
+
+@pytest.mark.parametrize("kind, m, top_k", [("u4b8", 5, 2), ("u4b8", 3, 1), ("fe4m3fn", 6, 8), ("mxfp4", 5, 2),
+                                            ("mxfp4", 40, 3)])
+@pytest.mark.parametrize("fp32_reduce", [False, True])
+def test_layer_matches_the_reference(lib, kind, m, top_k, fp32_reduce):
+    moe_layer = Layer(lib, kind)
+    x, weights, ids = moe_layer.inputs(m, top_k)
+    assert_matches(moe_layer.run(x, weights, ids, fp32_reduce=fp32_reduce), moe_layer.reference(x, weights, ids))
+    gemm = "gemm_mxfp4" if kind == "mxfp4" else "gemm_f16"
+    middle = [moe_layer.activation.replace("silu", "silu_and_mul")]
+    assert lib.calls == ["memset", "align", gemm] + middle + [gemm] + (["moe_sum"] if top_k > 1 else [])
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+def test_block_sizes_split_or_pad_the_experts_rows(lib, block_size):
+    moe_layer = Layer(lib, "u4b8")
+    x, weights, ids = moe_layer.inputs(48, 4)  # 24 rows an expert: 3 blocks of 8, 1 padded block of 64
+    assert_matches(moe_layer.run(x, weights, ids, block_size=block_size), moe_layer.reference(x, weights, ids))
+
+
+@pytest.mark.parametrize("kind, top_k", [("u4b8", 2), ("u4b8", 1), ("mxfp4", 3)])
+def test_expert_parallel_after_a_full_call_on_the_same_scratch(lib, kind, top_k):
+    global_experts = 2 * E
+    moe_layer = Layer(lib, kind)  # this rank's E experts of 2E
+    mapping = np.full(global_experts, -1, dtype=np.int32)
+    mapping[1::2] = np.arange(E, dtype=np.int32)
+    x, weights, ids = moe_layer.inputs(7, top_k)
+    moe_layer.run(x, weights, ids)  # leaves its rows in the scratch the next call reuses
+    x, weights, ids = moe_layer.inputs(7, top_k, experts=global_experts, seed=2)
+    got = moe_layer.run(x, weights, ids, expert_map=host_cai(mapping))
+    assert_matches(got, moe_layer.reference(x, weights, ids, expert_map=mapping))
+    assert (got[(mapping[ids] < 0).all(axis=1)] == 0).all()
+
+
+def test_a_smaller_call_reads_no_stale_rows(lib):
+    moe_layer = Layer(lib, "fe4m3fn")
+    moe_layer.run(*moe_layer.inputs(30, 8))
+    x, weights, ids = moe_layer.inputs(2, 8, seed=3)
+    assert_matches(moe_layer.run(x, weights, ids), moe_layer.reference(x, weights, ids))
+    assert lib.calls.count("memset") == 1
+
+
+def test_the_layer_object_from_logits(lib):
+    moe_layer = Layer(lib, "mxfp4")
+    logits = np.random.default_rng(4).standard_normal((9, E)).astype(np.float32)
+    x = moe_layer.inputs(9, 1)[0]
+    obj = ff.FusedMoE(moe_layer.w13, moe_layer.w2, top_k=2, activation="gpt_oss_swiglu", renormalize=False)
+    got = obj(host_cai(x), host_cai(logits)).array.astype(np.float64)
+    weights, ids = moe_reference.topk_softmax(logits, 2, renormalize=False)
+    assert_matches(got, moe_layer.reference(x, weights.astype(np.float32), ids))
