@@ -240,15 +240,18 @@ FERRUM_API int ferrum_marlin_mm(const FerrumMarlinLaunch* launch);
  * Rules (checked natively, status stage 7/8 on failure): non-null, 16-byte aligned
  * a, b, c, b_scales, b_zeros, b_bias, c_tmp; 4-byte aligned int32/fp32 arrays;
  * moe_block_size in {8, 16, 32, 48, 64}; top_k >= 1; prob_m, prob_n, prob_k >= 1;
- * prob_m * top_k fits int32; prob_n % 64 == 0, prob_k % 64 == 0 and a tile must
- * divide them: (n, k) tiles (128,128), (64,128), (256,64), (128,64); group_size
+ * prob_m * top_k fits int32; prob_n % 64 == 0, prob_k % 64 == 0 (a tile that does
+ * not divide them runs a partial last tile: nothing outside the problem is read or
+ * written, so no padding is needed; (thread_k, thread_n) tiles (128,256) for
+ * moe_block_size <= 16, (128,128), (128,64), (64,256), (64,128)); group_size
  * -1, 32, 64 or 128 dividing prob_k (INT4), -1 or 128 (FP8), exactly 32 (MXFP4);
  * has_zp exactly when b_zeros is non-NULL (never for FP8); mul_topk_weights needs
  * topk_weights; exactly one of use_atomic_add / use_fp32_reduce, c_tmp non-NULL
  * exactly with use_fp32_reduce. Atomic mode needs no zeroed C (the first partial
  * of a tile is stored, later ones added). Expert ids must name experts of b: the
  * library cannot see E and trusts the routing arrays, like every MoE kernel.
- * FERRUM_VLLM_MOE_THREAD_K / _THREAD_N force a tile when both are set and legal.
+ * FERRUM_VLLM_MOE_THREAD_K / _THREAD_N force a tile when both are set (an unknown
+ * pair is an argument error).
  */
 #define FERRUM_MOE_WORKSPACE_INTS_PER_SM 4
 #define FERRUM_MOE_C_TMP_FLOATS_PER_SM_PER_ROW 1024
@@ -308,8 +311,8 @@ FERRUM_API int ferrum_vllm_marlin_moe_profile_enabled(void);
  *   B_e = B + e * b_int4_per_expert (16-byte units), s_e = s + e * s_int4_per_expert,
  *   locks_e = workspace + e * locks_i32_per_expert (>= prob_n / 64 locks each).
  * FP16 x INT4 (bias 8) in the W4A16 layouts of marlin_cuda; prob_m in {16, 32, 48, 64};
- * prob_n, prob_k multiples of 64 that a tile divides (the fused-MoE tiles above:
- * thread_k/thread_n -1/-1 or (128,128), (128,64), (64,256), (64,128)); groupsize
+ * prob_n, prob_k multiples of 64 (partial last tiles as above; thread_k/thread_n
+ * -1/-1 or (128,128), (128,64), (64,256), (64,128), (128,256) for prob_m 16); groupsize
  * -1 or 128; prob_n_full the column stride of B_e / s_e (-1 = prob_n); the strides
  * must cover one expert (b: prob_k*prob_n_full/32, s: groups*prob_n_full/8). Rows
  * past an expert's count are zero padding and are not written.

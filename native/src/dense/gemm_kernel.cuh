@@ -59,8 +59,11 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   const int warp_n = warp % T::warps_n;
   const int warp_k = warp / T::warps_n;
 
-  const int n_tiles = p.n / T::n_tile;
-  const int k_tiles = p.k / T::k_tile;
+  // Routed launches allow n and k that the tile does not divide (multiples of
+  // 64): the last column / k tile is partial, its missing rows and chunks are
+  // zero-filled and never stored.
+  const int n_tiles = (p.n + T::n_tile - 1) / T::n_tile;
+  const int k_tiles = (p.k + T::k_tile - 1) / T::k_tile;
   // Sorted routing learns its slab count on the device (no host sync); every
   // block derives the same split from it, and blocks past the work exit.
   int slabs = p.slabs;
@@ -151,9 +154,48 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   const int4* ps = gS;
   const int4* pz = gZ;
   [[maybe_unused]] bool f_dead = false;  // the fetch cursor's slab is skipped: copy nothing
+  // Sorted routing: the expert and row ids of the fetch cursor's slab, of the
+  // one before it (still being computed) and of the next one, loaded a whole
+  // slab ahead so that a new slab's weight copies do not wait on them.
+  [[maybe_unused]] int cur_slab = -1, cur_expert = -1, prev_slab = -1, prev_expert = -1;
+  [[maybe_unused]] int next_slab = -1, next_expert = -1;
+  [[maybe_unused]] int cur_ids[kACopies], next_ids[kACopies];
+  auto load_ids = [&](int slab, int& expert, int (&ids)[kACopies]) {
+    expert = slab < slabs ? __ldg(p.route.slab_experts + slab) : -1;
+#pragma unroll
+    for (int i = 0; i < kACopies; ++i) {
+      const int idx = slab * T::m_rows + a_row[i];
+      ids[i] = (slab < slabs && a_row[i] < T::m_rows && idx < used_ids) ? __ldg(p.route.sorted_ids + idx) : -1;
+    }
+  };
+  auto expert_of = [&](int slab) -> int {
+    if constexpr (R == Route::Sorted) {
+      if (slab == cur_slab) return cur_expert;
+      if (slab == prev_slab) return prev_expert;
+      if (slab == next_slab) return next_expert;
+    }
+    return slab_expert(slab);
+  };
   auto seek = [&]() {
     long long e = 0;
-    if constexpr (R != Route::Dense) {
+    if constexpr (R == Route::Sorted) {
+      if (f_slab != cur_slab) {
+        prev_slab = cur_slab;
+        prev_expert = cur_expert;
+        if (f_slab == next_slab) {
+          cur_expert = next_expert;
+#pragma unroll
+          for (int i = 0; i < kACopies; ++i) cur_ids[i] = next_ids[i];
+        } else {
+          load_ids(f_slab, cur_expert, cur_ids);
+        }
+        cur_slab = f_slab;
+        next_slab = f_slab + 1;
+        load_ids(next_slab, next_expert, next_ids);
+      }
+      f_dead = f_slab >= slabs || cur_expert < 0;
+      e = f_dead ? 0 : cur_expert;
+    } else if constexpr (R == Route::Bucketed) {
       f_dead = slab_dead(f_slab);
       e = f_dead ? 0 : slab_expert(f_slab);
     }
@@ -186,8 +228,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         int src = -1;
         if (!f_dead && a_row[i] < T::m_rows) {
           if constexpr (R == Route::Sorted) {
-            const int idx = f_slab * T::m_rows + a_row[i];
-            const int t = idx < used_ids ? __ldg(p.route.sorted_ids + idx) : -1;
+            const int t = cur_ids[i];
             if (static_cast<unsigned>(t) < static_cast<unsigned>(p.route.rows)) src = t / p.route.top_k;
           } else if (a_row[i] < rows_in) {
             src = first_row + a_row[i];
@@ -214,8 +255,44 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     }
   };
   seek();
+  // A stage at the end of a partial column or k run: only the weight rows,
+  // chunks, activation units and group rows inside the problem are read.
+  auto load_tail_stage = [&](int slot, int krows, int chunks) {
+    int4* const db = sh_b + slot * T::b_stage + tid;
+#pragma unroll
+    for (int i = 0; i < kBCopies; ++i) {
+      const int e = tid + i * kThreads;
+      const bool ok = e / (T::n_chunks * kChunkInt4) < krows && (e % (T::n_chunks * kChunkInt4)) / kChunkInt4 < chunks;
+      ptx::cp_async16_or_zero(db + i * kThreads, ok ? pb[i] : gB, ok);
+    }
+    int4* const da = sh_a + slot * T::a_stage;
+    const int units_left = p.k / 8 - f_kt * (T::k_tile / 8);
+#pragma unroll
+    for (int i = 0; i < kACopies; ++i) {
+      const bool ok = a_live[i] && a_unit[i] < units_left;
+      if (a_row[i] < T::m_rows) ptx::cp_async16_or_zero(da + a_dst[i], ok ? pa[i] : gA, ok);
+    }
+    if (tid < s_copies) {
+      const int r = tid / (T::n_chunks * kSChunkInt4);
+      const int chunk = (tid % (T::n_chunks * kSChunkInt4)) / kSChunkInt4;
+      const int group_row = ((f_kt * T::k_tile) >> p.group_shift) + r;
+      const bool ok = chunk < chunks && (group_row << p.group_shift) < p.k;
+      ptx::cp_async16_or_zero(sh_s + slot * T::s_stage + tid, ok ? ps : gS, ok);
+    }
+    if (tid < z_copies) {
+      const int r = tid / (T::n_chunks * 2);
+      const int chunk = (tid % (T::n_chunks * 2)) / 2;
+      const int group_row = ((f_kt * T::k_tile) >> z_shift) + r;
+      const bool ok = chunk < chunks && (z_shift >= 30 || (group_row << z_shift) < p.k);
+      ptx::cp_async16_or_zero(sh_z + slot * T::z_stage + tid, ok ? pz : gZ, ok);
+    }
+  };
   auto load_stage = [&](int slot) {
-    if (R == Route::Dense || !f_dead) {
+    const int krows = p.k / 16 - f_kt * T::k_rows;
+    const int chunks = p.n / 64 - f_c * T::n_chunks;
+    if (R != Route::Dense && !f_dead && (krows < T::k_rows || chunks < T::n_chunks)) {
+      load_tail_stage(slot, krows, chunks);
+    } else if (R == Route::Dense || !f_dead) {
       int4* const db = sh_b + slot * T::b_stage + tid;
 #pragma unroll
       for (int i = 0; i < kBCopies; ++i) ptx::cp_async16(db + i * kThreads, pb[i]);
@@ -479,6 +556,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       const float4 hi = src[1];
       float vals[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
       const int ncol = c * T::n_tile + nv * 8;
+      if (ncol >= p.n) continue;  // a partial last column tile
       if (!grouped) {
         // Channelwise scales are permuted per 32 columns so that column
         // 8a + e of a chunk sits at 8*(e/2) + 2a + e%2.
@@ -536,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     const int col = u / k_tiles;
     const int slab = col / n_tiles;
     const int c = col - slab * n_tiles;
-    const long long e = slab_expert(slab);
+    const long long e = expert_of(slab);
     const int first_unit = col * k_tiles;
     const int r_lo = first_unit / iters;
     const int r_hi = (first_unit + k_tiles - 1) / iters;
@@ -653,7 +731,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     ptx::cp_async_commit();
     fetch_slot = fetch_slot == T::stages - 1 ? 0 : fetch_slot + 1;
     if constexpr (R != Route::Dense) {
-      if (c_kt == 0 || i == 0) c_dead = slab_dead((u_begin + i) / k_tiles / n_tiles);
+      if (c_kt == 0 || i == 0) {
+        const int slab = (u_begin + i) / k_tiles / n_tiles;
+        c_dead = R == Route::Sorted ? slab >= slabs || expert_of(slab) < 0 : slab_dead(slab);
+      }
     }
     if (!c_dead) compute_stage(slot);
     slot = slot == T::stages - 1 ? 0 : slot + 1;
@@ -756,6 +837,10 @@ cudaError_t launch_routed(NConfig nc, Args& args, const Launch& launch, int* sta
       return launch_tile<Tile<M8, NConfig::N64_K128, kBits>, F, R>(args, launch, stage);
     case NConfig::N128_K64:
       return launch_tile<Tile<M8, NConfig::N128_K64, kBits>, F, R>(args, launch, stage);
+    case NConfig::N256_K128:
+      if constexpr (M8 <= kDeepTileMaxM8)
+        return launch_tile<Tile<M8, NConfig::N256_K128, kBits>, F, R>(args, launch, stage);
+      break;
     default:
       break;  // not built for routed launches; the host never selects them
   }

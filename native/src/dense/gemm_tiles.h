@@ -12,10 +12,17 @@ namespace ferrum::dense {
 // Small slabs: the kernel is a weight stream, so two blocks share each SM
 // (more warps to hide latency, twice the bytes in flight). 64-row slabs need
 // the registers for accumulators and run one block per SM.
-template <int M8, int Bits>
+// Small slabs keep about 48 KB of weights in flight per block whatever the
+// tile's stage size (4 KB stages of the 64-wide or 64-deep tiles get 10 stages:
+// MoE decode streams a few MB per expert, so latency, not bandwidth, limits it).
+template <int M8, int Bits, int NChunks, int KRows>
 constexpr int stages_for() {
-  if constexpr (Bits == 8) return M8 <= 2 ? 4 : 3;
-  return M8 <= 2 ? 6 : 4;
+  constexpr int stage_bytes = KRows * NChunks * 32 * 16 * (Bits / 4);
+  if constexpr (M8 <= 2) {
+    constexpr int s = 49152 / stage_bytes;
+    return s < 4 ? 4 : (s > 10 ? 10 : s);
+  }
+  return Bits == 8 ? 3 : 4;
 }
 template <int M8>
 constexpr int blocks_per_sm_for() {
@@ -26,16 +33,16 @@ template <int M8, NConfig NC, int Bits>
 struct Tile;
 template <int M8, int Bits>
 struct Tile<M8, NConfig::N128_K128, Bits>
-    : TileShape<M8, 2, 8, stages_for<M8, Bits>(), blocks_per_sm_for<M8>(), Bits> {};
+    : TileShape<M8, 2, 8, stages_for<M8, Bits, 2, 8>(), blocks_per_sm_for<M8>(), Bits> {};
 template <int M8, int Bits>
 struct Tile<M8, NConfig::N256_K64, Bits>
-    : TileShape<M8, 4, 4, stages_for<M8, Bits>(), blocks_per_sm_for<M8>(), Bits> {};
+    : TileShape<M8, 4, 4, stages_for<M8, Bits, 4, 4>(), blocks_per_sm_for<M8>(), Bits> {};
 template <int M8, int Bits>
 struct Tile<M8, NConfig::N64_K128, Bits>
-    : TileShape<M8, 1, 8, stages_for<M8, Bits>(), blocks_per_sm_for<M8>(), Bits> {};
+    : TileShape<M8, 1, 8, stages_for<M8, Bits, 1, 8>(), blocks_per_sm_for<M8>(), Bits> {};
 template <int M8, int Bits>
 struct Tile<M8, NConfig::N128_K64, Bits>
-    : TileShape<M8, 2, 4, stages_for<M8, Bits>(), blocks_per_sm_for<M8>(), Bits> {};
+    : TileShape<M8, 2, 4, stages_for<M8, Bits, 2, 4>(), blocks_per_sm_for<M8>(), Bits> {};
 // 16 KB (4-bit) weight stages: each warp runs four k steps per group before
 // it applies the group's scales, halving the per-stage fixed costs.
 template <int M8, int Bits>
@@ -44,7 +51,7 @@ struct Tile<M8, NConfig::N256_K128, Bits> : TileShape<M8, 4, 8, Bits == 8 ? 3 : 
 };
 template <int M8, int Bits>
 struct Tile<M8, NConfig::N256_K64_WGMMA, Bits>
-    : TileShape<M8, 4, 4, stages_for<M8, Bits>(), 1, Bits, true> {};
+    : TileShape<M8, 4, 4, stages_for<M8, Bits, 4, 4>(), 1, Bits, true> {};
 
 // Defined by the generated instantiation files (one per activation type,
 // weight type and slab height, so the build runs in parallel).

@@ -66,6 +66,7 @@ cudaError_t launch_act(WType w, int m8, NConfig nc, Args& args, const Launch& la
     case WType::U4B8: return launch_format<A, WType::U4B8>(m8, nc, args, launch, stage);
     case WType::U8B128: return launch_format<A, WType::U8B128>(m8, nc, args, launch, stage);
     case WType::FE4M3FN: return launch_format<A, WType::FE4M3FN>(m8, nc, args, launch, stage);
+    case WType::FE2M1: break;  // MXFP4 is a MoE-only format (routed launches)
   }
   return cudaErrorInvalidValue;
 }

@@ -69,15 +69,18 @@ int bucketed(const void* A, const void* B, void* C, const void* s, int prob_m, i
   const int m8 = prob_m / 8;
   NConfig nc{};
   if (thread_k == -1 && thread_n == -1) {
-    if (!routed_auto_config(m8, prob_n, prob_k, &nc))
-      return bad_shape("%s: no tile serves prob_n=%d, prob_k=%d", prob_n, prob_k);
+    routed_auto_config(m8, prob_n, prob_k, &nc);  // n, k multiples of 64: always a tile
   } else if (!routed_forced_config(thread_k, thread_n, &nc)) {
-    return invalid("%s: (thread_k=%d, thread_n=%d) must be -1/-1 or (128,128), (128,64), (64,256), (64,128)",
+    return invalid("%s: (thread_k=%d, thread_n=%d) must be -1/-1 or (128,128), (128,64), (64,256), (64,128), "
+                   "(128,256) for prob_m 16",
                    thread_k, thread_n);
   }
+  if (nc == NConfig::N256_K128 && m8 > dense::kDeepTileMaxM8)
+    return bad_shape("%s: the tile (thread_k=128, thread_n=256) serves prob_m <= 16, got %d", prob_m);
   const TileInfo tile = routed_tile_info(m8, nc, 4);
-  if (int st = dense::check_tile_fits(kEntry, tile, prob_n, prob_k)) return st;
-  if (static_cast<int64_t>(expert_count) * (prob_n / tile.n_tile) * (prob_k / tile.k_tile) > INT32_MAX)
+  const int64_t n_tiles = (prob_n + tile.n_tile - 1) / tile.n_tile;
+  const int64_t k_tiles = (prob_k + tile.k_tile - 1) / tile.k_tile;
+  if (static_cast<int64_t>(expert_count) * n_tiles * k_tiles > INT32_MAX)
     return bad_shape("%s: problem too large: %d experts", expert_count);
   if (expert_count == 0) return 0;
 

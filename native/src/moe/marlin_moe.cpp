@@ -133,7 +133,7 @@ int env_tile(const char* entry, NConfig* nc) {
   const int k = atoi(tk), n = atoi(tn);
   if (!routed_forced_config(k, n, nc))
     return invalid("%s: FERRUM_VLLM_MOE_THREAD_K=%s / _THREAD_N=%s name no tile; use (128,128), "
-                   "(128,64), (64,256) or (64,128)",
+                   "(128,64), (64,256), (64,128) or (128,256)",
                    entry, tk, tn);
   return 1;
 }
@@ -146,11 +146,11 @@ int run(const MoeCall& m) {
   NConfig nc{};
   int forced = env_tile(m.entry, &nc);
   if (forced < 0 || forced > 1) return forced;
-  if (!forced && !routed_auto_config(m8, m.prob_n, m.prob_k, &nc))
-    return bad_shape("%s: no tile serves prob_n=%d, prob_k=%d (need n %% 128 == 0 or k %% 128 == 0)",
-                     m.entry, m.prob_n, m.prob_k);
+  if (forced && nc == NConfig::N256_K128 && m8 > dense::kDeepTileMaxM8)
+    return bad_shape("%s: the tile (thread_k=128, thread_n=256) serves moe_block_size <= 16, got %d", m.entry,
+                     m.moe_block_size);
+  if (!forced) routed_auto_config(m8, m.prob_n, m.prob_k, &nc);  // n, k multiples of 64: always a tile
   const TileInfo tile = routed_tile_info(m8, nc, bits);
-  if (int st = dense::check_tile_fits(m.entry, tile, m.prob_n, m.prob_k)) return st;
 
   dense::DeviceFacts facts{};
   if (int st = dense::query_device(m.entry, m.dev, -1, &facts)) return st;

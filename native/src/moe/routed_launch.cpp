@@ -14,12 +14,16 @@ TileInfo info() {
 
 template <NConfig NC, int Bits>
 TileInfo info_m8(int m8) {
-  switch (m8) {
-    case 1: return info<1, NC, Bits>();
-    case 2: return info<2, NC, Bits>();
-    case 4: return info<4, NC, Bits>();
-    case 6: return info<6, NC, Bits>();
-    default: return info<8, NC, Bits>();
+  if constexpr (NC == NConfig::N256_K128) {
+    return m8 == 1 ? info<1, NC, Bits>() : info<2, NC, Bits>();
+  } else {
+    switch (m8) {
+      case 1: return info<1, NC, Bits>();
+      case 2: return info<2, NC, Bits>();
+      case 4: return info<4, NC, Bits>();
+      case 6: return info<6, NC, Bits>();
+      default: return info<8, NC, Bits>();
+    }
   }
 }
 
@@ -29,6 +33,7 @@ TileInfo info_bits(int m8, NConfig nc) {
     case NConfig::N256_K64: return info_m8<NConfig::N256_K64, Bits>(m8);
     case NConfig::N64_K128: return info_m8<NConfig::N64_K128, Bits>(m8);
     case NConfig::N128_K64: return info_m8<NConfig::N128_K64, Bits>(m8);
+    case NConfig::N256_K128: return info_m8<NConfig::N256_K128, Bits>(m8);
     case NConfig::N128_K128:
     default: return info_m8<NConfig::N128_K128, Bits>(m8);
   }
@@ -57,15 +62,18 @@ TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
   return bits == 8 ? info_bits<8>(m8, nc) : info_bits<4>(m8, nc);
 }
 
-// 128x128 tiles keep many columns in flight at decode; 64-row slabs prefer
-// 256 columns (half the activation traffic per weight byte); k = 64 * odd needs
-// the 64-deep tile and n = 64 * odd the 64-wide one.
+// Routed launches accept n and k that a tile leaves partial (multiples of 64;
+// the missing part of the last tile is neither read nor stored), so the tile
+// is chosen for speed alone: slabs of at most 16 rows take the deep 16 KB-stage
+// tile, 64-row slabs 256 x 64 tiles, the others 128 x 128; a dimension shorter
+// than the tile takes the narrower one.
 bool routed_auto_config(int m8, int n, int k, NConfig* nc) {
-  if (m8 == 8 && n % 256 == 0 && k % 64 == 0) *nc = NConfig::N256_K64;
-  else if (n % 128 == 0 && k % 128 == 0) *nc = NConfig::N128_K128;
-  else if (n % 64 == 0 && k % 128 == 0) *nc = NConfig::N64_K128;
-  else if (n % 128 == 0 && k % 64 == 0) *nc = NConfig::N128_K64;
-  else return false;
+  if (n % 64 != 0 || k % 64 != 0) return false;
+  if (m8 <= dense::kDeepTileMaxM8 && n >= 256 && k >= 128) *nc = NConfig::N256_K128;
+  else if (m8 == 8 && n >= 256) *nc = NConfig::N256_K64;
+  else if (k >= 128 && n >= 128) *nc = NConfig::N128_K128;
+  else if (k >= 128) *nc = NConfig::N64_K128;
+  else *nc = NConfig::N128_K64;
   return true;
 }
 
@@ -74,6 +82,7 @@ bool routed_forced_config(int thread_k, int thread_n, NConfig* nc) {
   else if (thread_k == 64 && thread_n == 256) *nc = NConfig::N256_K64;
   else if (thread_k == 128 && thread_n == 64) *nc = NConfig::N64_K128;
   else if (thread_k == 64 && thread_n == 128) *nc = NConfig::N128_K64;
+  else if (thread_k == 128 && thread_n == 256) *nc = NConfig::N256_K128;
   else return false;
   return true;
 }
