@@ -9,12 +9,21 @@ Two families (header sections "Fused-MoE Marlin GEMMs" and "Bucketed MoE W4A16")
   ``validate()`` first applies the original engine's contract, rule by rule and
   with its messages ("invalid vLLM Marlin-MoE launch: ..."), including the byte
   span of every buffer whose size the launch determines; then this library's own
-  kernel rules (INT4 group sizes, a tile that divides (n, k), and, given the
+  kernel rules (INT4 group sizes, MXFP4 prob_k a multiple of 64, and, given the
   multiprocessor count, the workspace and c_tmp sizes of the header), under the
   same prefix. It returns the required spans so that callers holding arrays or
   declared capacities can compare.
-* The bucketed ``marlin_cuda_moe``: :class:`MoeBucketProblem`, the W4A16 rules of
-  :mod:`ferrum_ffi.validation` plus the bucket's own (prob_m, strides, locks).
+* The bucketed ``marlin_cuda_moe``: :class:`MoeBucketProblem`, its shape rules
+  (n, k multiples of 64, groups -1 or 128, the routed tiles) plus the bucket's
+  own (prob_m, strides, locks).
+
+No rule asks a tile to divide (n, k): the routed kernels run a partial last
+tile when one does not (nothing outside the problem is read or written), so any
+prob_n and prob_k that are multiples of 64 are served and no K needs padding.
+A forced tile only has to be one the kernels are built with; the deep
+(thread_k=128, thread_n=256) tile serves slabs of at most 16 rows: bucket
+prob_m 16 here, moe_block_size <= 16 for the fused launches (whose tile is
+forced by FERRUM_VLLM_MOE_THREAD_K / _N, checked by the library alone).
 
 Pointers are plain integers; an optional pointer is ``None`` when absent, so that
 an explicit 0 is reported as a null pointer rather than taken for "absent".
@@ -53,8 +62,6 @@ MOE_BLOCK_SIZES = (8, 16, 32, 48, 64)
 MOE_INT4_GROUP_SIZES = (-1, 32, 64, 128)
 MOE_FP8_GROUP_SIZES = (-1, 128)
 MXFP4_GROUP_SIZE = 32
-# (n, k) tiles of the fused kernel; one of them must divide the problem.
-MOE_TILES = ((128, 128), (64, 128), (256, 64), (128, 64))
 U64_MAX = 2**64 - 1
 
 
@@ -153,14 +160,6 @@ def _check_modes(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> None:
 
 
 # ---- this library's own rules ----------------------------------------------------------
-
-
-def _check_tile(n: int, k: int) -> None:
-    if not any(n % tile_n == 0 and k % tile_k == 0 for tile_n, tile_k in MOE_TILES):
-        moe_fail(
-            f"no kernel tile divides prob_n {n} x prob_k {k}; (n, k) must be divisible by one of "
-            + ", ".join(f"({tile_n}, {tile_k})" for tile_n, tile_k in MOE_TILES)
-        )
 
 
 def moe_workspace_ints(sms: int) -> int:
@@ -309,7 +308,6 @@ class MarlinMoeF16Launch:
         if self.weight_type is MoeF16WeightType.U4B8 and group_size not in MOE_INT4_GROUP_SIZES:
             moe_fail(f"INT4 group_size must be -1, 32, 64 or 128 (the group sizes the kernels are built "
                      f"for), got {group_size}")
-        _check_tile(n, k)
         if sms is not None:
             spans.update(_scratch_spans(self, spans, sms))
         return spans
@@ -418,7 +416,8 @@ class MarlinMoeMxfp4Bf16Launch:
         _check_modes(self)
         spans = self._spans()
         # This library's own rule: the original contract does not ask k % 64.
-        _check_tile(n, k)
+        if k % 64 != 0:
+            moe_fail(f"MXFP4 prob_k {k} must be divisible by the Marlin minimum thread width 64")
         if sms is not None:
             spans.update(_scratch_spans(self, spans, sms))
         return spans
@@ -488,13 +487,17 @@ class MoeBucketProblem:
                             thread_k=self.thread_k, thread_n=self.thread_n, sms=self.sms)
 
 
-# (thread_k, thread_n) of the routed tiles the bucketed kernel is built with.
-BUCKET_TILES = ((-1, -1), (128, 128), (128, 64), (64, 256), (64, 128))
+# (thread_k, thread_n) of the routed tiles the bucketed kernel is built with;
+# (128, 256) only for prob_m 16.
+BUCKET_TILES = ((-1, -1), (128, 128), (128, 64), (64, 256), (64, 128), (128, 256))
+# The deep (128, 256) tile is built for slabs of at most 16 rows.
+BUCKET_DEEP_TILE_MAX_M = 16
 
 
 def _check_bucket_shape(entry: str, p: "MoeBucketProblem") -> None:
     """The bucketed kernel runs the routed (MoE) tiles: n and k multiples of 64
-    that one of them divides, groups -1 or 128 (mirrors marlin_cuda_moe.cpp)."""
+    (a tile that does not divide them runs a partial last tile), groups -1 or
+    128, the deep tile only for prob_m 16 (mirrors marlin_cuda_moe.cpp)."""
     check_positive(entry, "n", p.n)
     check_positive(entry, "k", p.k)
     check_multiple(entry, "n", p.n, 64)
@@ -508,11 +511,9 @@ def _check_bucket_shape(entry: str, p: "MoeBucketProblem") -> None:
     if (p.thread_k, p.thread_n) not in BUCKET_TILES:
         fail(f"{entry}: (thread_k, thread_n)=({p.thread_k}, {p.thread_n}) must be one of "
              f"{', '.join(str(t) for t in BUCKET_TILES)}")
-    if p.thread_n != -1:
-        check_multiple(entry, "n", p.n, p.thread_n)
-        check_multiple(entry, "k", p.k, p.thread_k)
-    elif not any(p.n % tile_n == 0 and p.k % tile_k == 0 for tile_n, tile_k in MOE_TILES):
-        fail(f"{entry}: no tile serves n={p.n}, k={p.k} (n or k must be a multiple of 128)")
+    if (p.thread_k, p.thread_n) == (128, 256) and p.m > BUCKET_DEEP_TILE_MAX_M:
+        fail(f"{entry}: tile (thread_k=128, thread_n=256) serves prob_m <= {BUCKET_DEEP_TILE_MAX_M}, "
+             f"got prob_m={p.m}")
     if p.sms != -1 and p.sms < 1:
         fail(f"{entry}: sms={p.sms} must be -1 (all) or >= 1")
 

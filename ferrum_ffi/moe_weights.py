@@ -17,7 +17,12 @@ Each expert's slice is exactly the dense Marlin buffer of that expert (built
 by the dense converters of :mod:`ferrum_ffi.formats`), scales and zero points
 in Marlin order; ``G = K / group_size`` (1 for channelwise, -1). ``k`` is the
 physical K the kernel runs with; it differs from ``logical_k`` only for MXFP4
-projections that no tile serves unpadded (:func:`~ferrum_ffi.formats.mxfp4_physical_k`).
+projections whose K is a multiple of 32 but not of 64 (rounded up to 64,
+:func:`~ferrum_ffi.formats.mxfp4_physical_k`), or whose ``physical_k`` was
+given explicitly (e.g. the original engine's 2944 for GPT-OSS's 2880).
+
+Shape rule of every kind: ``n`` and ``k`` multiples of 64. No tile has to
+divide them: the kernels run a partial last tile.
 
 Bias: for ``mxfp4`` always present, bf16 ``[E, N]`` in the channelwise (P32)
 order the kernel adds it in (zeros when the checkpoint has none). The INT4
@@ -26,7 +31,7 @@ checkpoint's optional fp16 ``[E, N]`` in **logical** order, for the layer to
 add itself.
 
 INT4 and FP8 experts go through the dense preparation, which wants K a
-multiple of 128 and N of 64 (a tile of every MoE kernel serves those).
+multiple of 128 and N of 64.
 Act-order (GPTQ ``desc_act``) is refused: the MoE kernels gather no
 activations. Arrays stay on the host until :meth:`MarlinMoeWeight.to_device`.
 """
@@ -48,7 +53,6 @@ from .formats.fp8 import FP8_BLOCK, quantize_fp8_blocks
 from .formats.gptq import repack_gptq_to_marlin
 from .formats.marlin import CHUNK_COLUMNS
 from .formats.mxfp4 import (
-    MOE_TILES,
     MXFP4_GROUP_SIZE,
     decode_mxfp4,
     mxfp4_physical_k,
@@ -106,7 +110,7 @@ class MarlinMoeWeight:
             fail(f"{ENTRY}: kind={self.kind!r} must be one of {', '.join(MOE_KINDS)}")
         for name in ("num_experts", "n", "k", "logical_k"):
             check_size(ENTRY, name, getattr(self, name))
-        _check_tile(ENTRY, self.n, self.k)
+        _check_shape(ENTRY, self.n, self.k)
         if self.kind == "mxfp4":
             check_size(ENTRY, "logical_k", self.logical_k, MXFP4_GROUP_SIZE)
             if self.logical_k > self.k:
@@ -282,8 +286,10 @@ class MarlinMoeWeight:
         E2M1 codes a byte, low nibble first), ``scales [E, N, K/32]`` uint8
         E8M0, optional ``bias [E, N]`` (bf16 as ml_dtypes bfloat16 or uint16
         bits, or float, rounded once to bf16). ``physical_k`` defaults to
-        :func:`~ferrum_ffi.formats.mxfp4_physical_k`; padded features get zero
-        codes and scale bytes."""
+        :func:`~ferrum_ffi.formats.mxfp4_physical_k` (the logical K rounded
+        up to 64: no padding for GPT-OSS's 2880); an explicit one (a multiple
+        of 64, at least the logical K, e.g. 2944 for the original engine's
+        layout) is honoured. Padded features get zero codes and scale bytes."""
         fn = f"{ENTRY}.from_mxfp4"
         stacked = _stacked(fn, blocks=(blocks, 3), scales=(scales, 3))
         blocks, scales = stacked["blocks"], stacked["scales"]
@@ -291,10 +297,10 @@ class MarlinMoeWeight:
         check_size(fn, "n = blocks.shape[1]", n, CHUNK_COLUMNS)
         if physical_k is None:
             physical_k = mxfp4_physical_k(n, logical_k)
-        physical_k = check_size(fn, "physical_k", physical_k, MXFP4_GROUP_SIZE)
+        # The kernels' minimum thread width (n was checked above).
+        physical_k = check_size(fn, "physical_k", physical_k, 64)
         if physical_k < logical_k:
             fail(f"{fn}: physical_k={physical_k} must be at least the logical K={logical_k} (2 * blocks.shape[2])")
-        _check_tile(fn, n, physical_k)
         padded_blocks, padded_scales = pad_mxfp4_k(blocks, scales, physical_k)
         qweight = np.empty((experts, physical_k // 16, 2 * n), dtype=np.int32)
         marlin_scales = np.empty((experts, physical_k // MXFP4_GROUP_SIZE, n), dtype=np.uint8)
@@ -346,12 +352,11 @@ class MarlinMoeWeight:
 # ---- helpers ---------------------------------------------------------------------------------
 
 
-def _check_tile(fn: str, n: int, k: int) -> None:
-    """N a multiple of 64 and one MoE tile dividing (n, k): the kernels' shape rule."""
+def _check_shape(fn: str, n: int, k: int) -> None:
+    """N and K multiples of 64, the kernels' shape rule (a tile that does not
+    divide them runs a partial last tile)."""
     check_size(fn, "n", n, CHUNK_COLUMNS)
-    if not any(n % tn == 0 and k % tk == 0 for tn, tk in MOE_TILES):
-        fail(f"{fn}: no MoE tile (n, k) in {MOE_TILES} divides n={n}, k={k} "
-             "(k a multiple of 128, or of 64 with n a multiple of 128)")
+    check_size(fn, "k", k, 64)
 
 
 def _check_buffer(name: str, value: Any, dtype: np.dtype | type, shape: tuple[int, ...]) -> bool:

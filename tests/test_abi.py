@@ -802,10 +802,19 @@ def _mxfp4_launch(args: dict) -> MarlinMoeMxfp4Bf16Launch:
     )
 
 
+# Multiples of 64 that no tile divides: the kernels run a partial last tile.
+MOE_PARTIAL_TILES = (dict(prob_n=64, prob_k=64, group_size=-1), dict(prob_n=192, prob_k=320, group_size=-1),
+                     dict(prob_n=2880, prob_k=2880, group_size=-1))
+
+
 def test_moe_good_tables_pass_python():
     _f16_launch(MoeF16WeightType.U4B8, MOE_F16_GOOD).validate()
     _f16_launch(MoeF16WeightType.E4M3, MOE_F16_GOOD).validate()
     _mxfp4_launch(MOE_MXFP4_GOOD).validate()
+    for shape in MOE_PARTIAL_TILES:
+        _f16_launch(MoeF16WeightType.U4B8, {**MOE_F16_GOOD, **shape}).validate()
+        _f16_launch(MoeF16WeightType.E4M3, {**MOE_F16_GOOD, **shape}).validate()
+        _mxfp4_launch({**MOE_MXFP4_GOOD, **shape, "group_size": 32}).validate()
 
 
 # C-argument changes that break one rule the header says the library checks itself.
@@ -817,7 +826,6 @@ MOE_SHARED_BAD = {
     "top_k": dict(top_k=0),
     "rows_overflow": dict(prob_m=2**31 - 1),
     "prob_n": dict(prob_n=96),
-    "tile": dict(prob_n=64, prob_k=64, group_size=-1),
     "mul_topk_without_weights": dict(mul_topk_weights=1),
     "both_reductions": dict(use_fp32_reduce=1, c_tmp=0xA000),
     "no_reduction": dict(use_atomic_add=0),
@@ -833,7 +841,7 @@ MOE_F16_BAD = {
 MOE_FP8_BAD = {**MOE_SHARED_BAD, "group_64": dict(group_size=64), "zero_points": dict(has_zp=1, b_zeros=0x9000)}
 MOE_MXFP4_BAD = {
     **MOE_SHARED_BAD,
-    "tile": dict(prob_n=64, prob_k=96),  # group 32 divides k, no tile does
+    "prob_k": dict(prob_n=64, prob_k=96),  # group 32 divides k; the kernels need k % 64
     "group_64": dict(group_size=64),
     "null_bias": dict(b_bias=None),
 }

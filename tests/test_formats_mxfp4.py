@@ -25,7 +25,6 @@ from ferrum_ffi.formats import (
     transpose_mxfp4_expert_blocks_to_gptq_words,
     unpermute_mxfp4_marlin_bias_bf16,
 )
-from ferrum_ffi.formats.mxfp4 import MOE_TILES
 from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 
 from . import quant_layers as ql
@@ -241,14 +240,25 @@ def test_bias_round_trips():
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "n,k,expected",
-    [(2880, 2880, 2944), (5760, 2880, 2880), (64, 32, 128), (64, 128, 128), (128, 32, 64), (128, 96, 128),
-     (192, 2880, 2944), (256, 64, 64), (2880, 2944, 2944)],
+    [(2880, 2880, 2880), (5760, 2880, 2880), (64, 32, 64), (64, 96, 128), (64, 128, 128), (128, 32, 64),
+     (128, 96, 128), (192, 2880, 2880), (192, 320, 320), (256, 64, 64), (2880, 2944, 2944), (64, 2848, 2880)],
 )
 def test_physical_k(n, k, expected):
+    # The kernels run partial tiles: K is only rounded up to the thread width 64,
+    # whatever n is (GPT-OSS's down projection keeps K = 2880, no 2944 padding).
     physical = mxfp4_physical_k(n, k)
     assert physical == expected
-    assert any(n % tn == 0 and physical % tk == 0 for tn, tk in MOE_TILES)
-    assert not any(n % tn == 0 and p % tk == 0 for tn, tk in MOE_TILES for p in range(k, physical, 32))
+    assert physical % 64 == 0 and k <= physical < k + 64
+
+
+def test_the_original_engines_padding_stays_available():
+    # Its GPT-OSS down projection ran with K padded 2880 -> 2944: pad_mxfp4_k still does that.
+    blocks, scales = random_layer(np.random.default_rng(12), 64, 2880)
+    padded_blocks, padded_scales = pad_mxfp4_k(blocks, scales, 2944)
+    assert padded_blocks.shape == (64, 1472) and padded_scales.shape == (64, 92)
+    padded = decode_mxfp4(padded_blocks, padded_scales)
+    np.testing.assert_array_equal(padded[:, :2880], decode_mxfp4(blocks, scales))
+    assert (padded[:, 2880:] == 0).all()
 
 
 def test_padding_keeps_values_and_weighs_zero():

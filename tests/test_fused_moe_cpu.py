@@ -208,9 +208,20 @@ def weight(kind: str, n: int, k: int, experts: int = E) -> ff.MarlinMoeWeight:
 
 W13 = {kind: weight(kind, 2 * I, H) for kind in ("u4b8", "u4", "fe4m3fn")}
 W2 = {kind: weight(kind, H, I) for kind in ("u4b8", "u4", "fe4m3fn")}
-# GPT-OSS-like: the down projection's K (I = 192) is padded to 256 for a kernel tile.
+
+def mx_weight(n: int, k: int, physical_k: int) -> ff.MarlinMoeWeight:
+    """An MXFP4 weight whose K is padded explicitly (the original engine's layout)."""
+    blocks, scales = ff.formats.quantize_mxfp4(_rng.standard_normal((E, n, k)))
+    return ff.MarlinMoeWeight.from_mxfp4(blocks, scales, physical_k=physical_k,
+                                         keep_reference=False).to_device(host_cai)
+
+
+# GPT-OSS-like: no tile divides the down projection (N = K = 192); it runs
+# unpadded (partial last tiles), as GPT-OSS's 2880 x 2880 does.
 MX_H, MX_I = 192, 192
 MX13, MX2 = weight("mxfp4", 2 * MX_I, MX_H), weight("mxfp4", MX_H, MX_I)
+# The down projection padded 192 -> 256 on request, as the original engine ran 2880 as 2944.
+MX2_PADDED = mx_weight(MX_H, MX_I, 256)
 
 
 def inputs(m: int = 4, top_k: int = 2, kind: str = "u4b8") -> dict:
@@ -321,18 +332,21 @@ def test_fp32_reduce_shares_one_c_tmp(lib):
     assert ((floats,), np.dtype(np.float32), 0) in lib.allocations
 
 
-def test_mxfp4_runs_bf16_with_the_padded_swiglu(lib):
-    args = inputs(kind="mxfp4")
+@pytest.mark.parametrize("w2, physical_i", [(MX2, MX_I), (MX2_PADDED, 256)], ids=["unpadded", "padded"])
+def test_mxfp4_runs_bf16_with_the_swiglu_padded_to_w2_k(lib, w2, physical_i):
+    # The SwiGLU writes w2.k columns: the logical I when nothing is padded (the
+    # default now that the kernels run partial tiles), zeros up to a padded K.
+    args = {**inputs(kind="mxfp4"), "w2": w2}
     ff.fused_moe(**args, alpha=1.5, limit=6.0)
     assert lib.names()[1:] == ["ferrum_moe_align_block_size", "ferrum_vllm_marlin_moe_mxfp4_bf16",
                                "ferrum_gpt_oss_swiglu", "ferrum_vllm_marlin_moe_mxfp4_bf16", "ferrum_moe_sum"]
     gate_up = lib.args("ferrum_vllm_marlin_moe_mxfp4_bf16", 0)
     down = lib.args("ferrum_vllm_marlin_moe_mxfp4_bf16", 1)
     swiglu = lib.args("ferrum_gpt_oss_swiglu")
-    assert swiglu[0] == gate_up[2] and swiglu[2:8] == (8, MX_I, 256, 1.5, 6.0, FERRUM_DTYPE_BF16)
-    assert (gate_up[4], down[4]) == (ptr(MX13.bias), ptr(MX2.bias))  # the kernel adds the bias
+    assert swiglu[0] == gate_up[2] and swiglu[2:8] == (8, MX_I, physical_i, 1.5, 6.0, FERRUM_DTYPE_BF16)
+    assert (gate_up[4], down[4]) == (ptr(MX13.bias), ptr(w2.bias))  # the kernel adds the bias
     # a b c c_tmp bias scales ws sorted experts count topk block top_k mul ep prob_m prob_n prob_k
-    assert gate_up[15:18] == (4, 2 * MX_I, MX_H) and down[15:18] == (8, MX_H, 256)
+    assert gate_up[15:18] == (4, 2 * MX_I, MX_H) and down[15:18] == (8, MX_H, physical_i)
     assert down[0] == swiglu[1] and down[10] == ptr(args["topk_weights"]) and down[12:14] == (1, 1)
 
 
@@ -414,8 +428,9 @@ _BIASED13 = dataclasses.replace(W13["u4b8"], bias=host_cai(np.zeros((E, 2 * I), 
 _WIDE2 = weight("u4b8", H, 2 * I)  # k = 2I: not what silu gives
 _NARROW2 = weight("u4b8", 128, I)  # n = 128: not the hidden size
 _FEWER2 = weight("u4b8", H, I, experts=2)
-_MX_PADDED13 = weight("mxfp4", 192, 192)  # n = 192: K 192 runs padded to 256
-_MX_PADDED2 = weight("mxfp4", 192, 96)  # its down projection: I = 96, padded to 128
+_MX_NARROW13 = weight("mxfp4", 192, 192)  # n = 192: I = 96
+_MX_PADDED13 = mx_weight(192, 192, 256)  # the same, K 192 padded to 256 on request
+_MX_PADDED2 = weight("mxfp4", 192, 96)  # its down projection: I = 96, a multiple of 32 only, runs as 128
 
 
 def misaligned_f16(shape):
@@ -501,9 +516,9 @@ def test_valid_neighbours_pass(lib, changes):
 
 
 MX_RULES = [
-    (dict(activation="silu"), r"w2.k=256 must equal w13.n / 2 = 192 \(silu_and_mul's output width; a padded K "
-     "needs gpt_oss_swiglu"),
-    (dict(w13=_MX_PADDED13), "w2.logical_k=192 must equal w13.n / 2 = 96"),
+    (dict(activation="silu", w2=MX2_PADDED), r"w2.k=256 must equal w13.n / 2 = 192 \(silu_and_mul's output width; "
+     "a padded K needs gpt_oss_swiglu"),
+    (dict(w13=_MX_NARROW13), "w2.logical_k=192 must equal w13.n / 2 = 96"),
     (dict(hidden=bf16_cai((4, 128))), "hidden has 128 columns, w13.k=192$"),
     (dict(topk_ids=FakeCAI((4, 5), "<i4"), topk_weights=FakeCAI((4, 5), "<f4"), expert_map=FakeCAI((8,), "<i4")),
      "MXFP4 needs top_k=5 <= the 4 experts of w13"),
@@ -529,4 +544,8 @@ def test_mxfp4_neighbours(lib):
     # The INT4 GEMMs have no such bound: top_k 5 of 8 global experts with 4 local.
     ff.fused_moe(**{**inputs(), "topk_ids": FakeCAI((4, 5), "<i4"), "topk_weights": FakeCAI((4, 5), "<f4"),
                     "expert_map": FakeCAI((8,), "<i4")})
-    assert lib.names().count("ferrum_moe_sum") == 2
+    # silu over an unpadded MXFP4 down projection (w2.k = I = 192): nothing to pad.
+    ff.fused_moe(**{**inputs(kind="mxfp4"), "activation": "silu"})
+    # A padded K on both projections: hidden passed padded, the SwiGLU pads I.
+    ff.fused_moe(**{**inputs(kind="mxfp4"), "w13": _MX_PADDED13, "w2": _MX_PADDED2, "hidden": bf16_cai((4, 256))})
+    assert lib.names().count("ferrum_moe_sum") == 4

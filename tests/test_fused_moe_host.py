@@ -44,16 +44,20 @@ class Layer:
     """Small device-side (host-backed) weights of one kind, their float64
     values registered with the emulated kernels, and the reference's view."""
 
-    def __init__(self, lib: HostMoeLibrary, kind: str, experts: int = E, seed: int = 0):
+    def __init__(self, lib: HostMoeLibrary, kind: str, experts: int = E, seed: int = 0,
+                 physical_k: int | None = None):
         rng = np.random.default_rng(seed)
+        # MXFP4: H = I = 192 (no tile divides the 192 x 192 down projection) run
+        # unpadded (partial tiles) unless ``physical_k`` pads both K on request
+        # (the original engine's layout).
         self.hidden, inter = (192, 192) if kind == "mxfp4" else (256, 128)
         w13 = rng.standard_normal((experts, 2 * inter, self.hidden)) * 2 / np.sqrt(self.hidden)
         w2 = rng.standard_normal((experts, self.hidden, inter)) / np.sqrt(inter)
         if kind == "mxfp4":
             self.bias13 = (0.5 * rng.standard_normal((experts, 2 * inter))).astype(BF16).astype(np.float64)
             self.bias2 = (0.1 * rng.standard_normal((experts, self.hidden))).astype(BF16).astype(np.float64)
-            q13 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w13), bias=self.bias13)
-            q2 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w2), bias=self.bias2)
+            q13 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w13), bias=self.bias13, physical_k=physical_k)
+            q2 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w2), bias=self.bias2, physical_k=physical_k)
             self.activation = "gpt_oss_swiglu"
         else:
             self.bias13 = self.bias2 = None
@@ -98,6 +102,19 @@ def test_layer_matches_the_reference(lib, kind, m, top_k, fp32_reduce):
     gemm = "gemm_mxfp4" if kind == "mxfp4" else "gemm_f16"
     middle = [moe_layer.activation.replace("silu", "silu_and_mul")]
     assert lib.calls == ["memset", "align", gemm] + middle + [gemm] + (["moe_sum"] if top_k > 1 else [])
+    if kind == "mxfp4":  # the default: no K padding
+        assert (moe_layer.w13.k, moe_layer.w2.k) == (moe_layer.w13.logical_k, moe_layer.w2.logical_k) == (192, 192)
+
+
+@pytest.mark.parametrize("m, top_k", [(5, 2), (40, 3)])
+@pytest.mark.parametrize("fp32_reduce", [False, True])
+def test_mxfp4_padded_on_request_matches_the_reference(lib, m, top_k, fp32_reduce):
+    # Both K padded 192 -> 256: hidden is passed padded, the SwiGLU writes the zero padding.
+    moe_layer = Layer(lib, "mxfp4", physical_k=256)
+    assert (moe_layer.w13.k, moe_layer.w13.logical_k, moe_layer.w2.k, moe_layer.w2.logical_k) == (256, 192, 256, 192)
+    x, weights, ids = moe_layer.inputs(m, top_k)
+    assert x.shape == (m, 256)
+    assert_matches(moe_layer.run(x, weights, ids, fp32_reduce=fp32_reduce), moe_layer.reference(x, weights, ids))
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 64])

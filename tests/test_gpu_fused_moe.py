@@ -4,8 +4,11 @@ tests/moe_layer_reference.py, built from ``MarlinMoeWeight.dequantize()``
 (the source format's own decoder, independent of the Marlin buffers).
 
 Kinds: INT4 ``u4b8`` and FP8 ``fe4m3fn`` with silu (FP16), MXFP4 with
-GPT-OSS's clamped SwiGLU and biases (BF16; the down projection's K = 192 runs
-padded to 256, as GPT-OSS's 2880 runs as 2944). Then expert parallelism,
+GPT-OSS's clamped SwiGLU and biases (BF16; hidden = intermediate = 192: no
+tile divides the 192 x 192 down projection, which runs unpadded with partial
+last tiles as GPT-OSS's 2880 x 2880 does, and once padded to 256 on request,
+as the original engine ran 2880 as 2944).
+Then expert parallelism,
 fp32 reduction, every block size, the router, the layer object, scratch
 reuse and a CUDA graph on a non-default stream. Small layers (hidden 256 or
 192) keep 512 tokens x 128 experts cheap.
@@ -67,10 +70,10 @@ class Layer(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def layer(kind: str, experts: int) -> Layer:
+def layer(kind: str, experts: int, physical_k: int | None = None) -> Layer:
     """A seeded random layer of ``experts`` experts: hidden 256 / intermediate
     128 (INT4 with group 64: several groups along both K), or hidden 192 /
-    intermediate 192 for MXFP4."""
+    intermediate 192 for MXFP4 (both K padded to ``physical_k`` when given)."""
     rng = np.random.default_rng(experts * 10 + KINDS.index(kind))
     hidden, inter = (192, 192) if kind == "mxfp4" else (256, 128)
     # Unit-variance products; MXFP4's gates are 3x wider so that the clamp at 7 is crossed.
@@ -80,8 +83,8 @@ def layer(kind: str, experts: int) -> Layer:
     if kind == "mxfp4":
         bias13 = (0.5 * rng.standard_normal((experts, 2 * inter))).astype(BF16)
         bias2 = (0.1 * rng.standard_normal((experts, hidden))).astype(BF16)
-        q13 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w13), bias=bias13)
-        q2 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w2), bias=bias2)
+        q13 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w13), bias=bias13, physical_k=physical_k)
+        q2 = ff.MarlinMoeWeight.from_mxfp4(*quantize_mxfp4(w2), bias=bias2, physical_k=physical_k)
         biases = (bias13.astype(np.float64), bias2.astype(np.float64))
         activation = "gpt_oss_swiglu"
     else:
@@ -153,9 +156,10 @@ class Case(NamedTuple):
     ids: np.ndarray
 
 
-def case(kind: str, experts: int, m: int, top_k: int, seed: int = 0, local_experts: int | None = None) -> Case:
+def case(kind: str, experts: int, m: int, top_k: int, seed: int = 0, local_experts: int | None = None,
+         physical_k: int | None = None) -> Case:
     """Inputs of one call: the layer holds ``local_experts`` (default all)."""
-    lay = layer(kind, local_experts or experts)
+    lay = layer(kind, local_experts or experts, physical_k)
     rng = np.random.default_rng(seed + 1000 * m + top_k)
     x = rng.standard_normal((m, lay.hidden)).astype(np.float32).astype(lay.dtype)
     weights, ids = routing(rng, m, top_k, experts)
@@ -181,6 +185,19 @@ def test_fused_moe_matches_the_reference(cp, kind, experts, top_k, m):
     out = run(cp, c)
     assert out.shape == (m, c.lay.w2.n)
     assert relative_l2(out, reference(c.lay, c.x, c.weights, c.ids)) < TOLERANCE[c.lay.dtype]
+
+
+@pytest.mark.parametrize("m, top_k", [(1, 1), (16, 2), (512, 8)])
+def test_mxfp4_padded_on_request_matches_the_reference(cp, m, top_k):
+    # K 192 padded to 256 on both projections (the original engine's layout):
+    # hidden passed padded, the SwiGLU writing the zero padding of the down K.
+    c = case("mxfp4", 64, m, top_k, seed=6, physical_k=256)
+    assert (c.lay.w13.k, c.lay.w13.logical_k, c.lay.w2.k, c.lay.w2.logical_k) == (256, 192, 256, 192)
+    assert c.x.shape == (m, 256)
+    out = run(cp, c)
+    assert relative_l2(out, reference(c.lay, c.x, c.weights, c.ids)) < TOLERANCE[BF16]
+    unpadded = layer("mxfp4", 64)
+    assert (unpadded.w13.k, unpadded.w2.k) == (192, 192)  # the default: no padding
 
 
 @pytest.mark.parametrize("m", (1, 64, 512))

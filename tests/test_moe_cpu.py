@@ -131,6 +131,15 @@ def test_raw_rules_are_checked_before_any_native_call(lib, changes, message):
     assert lib.calls == [] and lib.device_queries == 0
 
 
+@pytest.mark.parametrize("n, k", [(192, 320), (64, 64), (2880, 2880)])
+def test_raw_partial_tile_shapes_reach_the_library(lib, n, k):
+    # No tile has to divide (n, k): the kernels run a partial last tile.
+    ff.launch_marlin_moe(**{**RAW, "prob_n": n, "prob_k": k, "group_size": -1})
+    ff.launch_marlin_moe(**{**RAW, "prob_n": n, "prob_k": k, "group_size": -1}, weight_type=MoeF16WeightType.E4M3)
+    ff.launch_marlin_moe_mxfp4_bf16(**{**MXFP4_RAW, "prob_n": n, "prob_k": k})
+    assert [args[16:18] for _, args in lib.calls] == [(n, k)] * 3
+
+
 def test_raw_declared_spans_are_checked(lib):
     ff.launch_marlin_moe(**RAW, expert_count=8, spans={"b": 8 * 2048 * 1024 // 2, "workspace": 4 * SMS * 4})
     with pytest.raises(ArgumentError, match=f"workspace holds 16 bytes, needs {4 * SMS * 4}"):
@@ -278,6 +287,9 @@ def test_raw_mxfp4_call(lib):
 def test_raw_mxfp4_rules(lib):
     with pytest.raises(ArgumentError, match="MXFP4 top_k must be in 1..=expert_count, got top_k=5 expert_count=4"):
         ff.launch_marlin_moe_mxfp4_bf16(**{**MXFP4_RAW, "top_k": 5})
+    with pytest.raises(ArgumentError, match="MXFP4 prob_k 2912 must be divisible by the Marlin minimum thread "
+                                            "width 64"):
+        ff.launch_marlin_moe_mxfp4_bf16(**{**MXFP4_RAW, "prob_k": 2912})
     with pytest.raises(ArgumentError, match=f"scales holds 16 bytes, needs {4 * 8 * 512}"):
         ff.launch_marlin_moe_mxfp4_bf16(**MXFP4_RAW, spans={"scales": 16})
     assert lib.calls == []
@@ -363,6 +375,21 @@ def test_bucket_rules_before_the_library(lib):
     with pytest.raises(ArgumentError, match=r"\bdev=-1 must be >= 0"):
         ff.launch_marlin_cuda_moe(problem=BUCKET, **BUCKET_PTRS, dev=-1)
     assert lib.calls == []
+
+
+def test_bucket_tiles(lib):
+    from dataclasses import replace
+
+    # Any tile, dividing the problem or not; the deep (128, 256) one for prob_m 16 only.
+    partial = MoeBucketProblem.stacked(m=16, n=192, k=320, group_size=-1, expert_count=4)
+    for tile in ((-1, -1), (128, 256), (64, 256), (128, 128)):
+        ff.launch_marlin_cuda_moe(problem=replace(partial, thread_k=tile[0], thread_n=tile[1]), **BUCKET_PTRS,
+                                  spans=moe_bucket_spans(partial, 4))
+    assert [args[4:7] + args[-4:-2] for _, args in lib.calls] == [
+        (16, 192, 320, -1, -1), (16, 192, 320, 128, 256), (16, 192, 320, 64, 256), (16, 192, 320, 128, 128)]
+    with pytest.raises(ArgumentError, match=r"tile \(thread_k=128, thread_n=256\) serves prob_m <= 16, got prob_m=32"):
+        ff.launch_marlin_cuda_moe(problem=replace(BUCKET, thread_k=128, thread_n=256), **BUCKET_PTRS)
+    assert len(lib.calls) == 4
 
 
 def test_bucket_without_experts_is_a_no_op(lib):

@@ -244,17 +244,21 @@ def test_the_original_rule_reports_first():
     rejects(replace(F16, group_size=96), "prob_k 2048 must be divisible by group_size 96")
 
 
-TILE_MESSAGE = ("no kernel tile divides prob_n {n} x prob_k {k}; (n, k) must be divisible by one of "
-                "(128, 128), (64, 128), (256, 64), (128, 64)")
+# No tile has to divide (n, k): the kernels run a partial last tile. Multiples of
+# 64 that no tile divides pass, as do the GPT-OSS shapes without K padding.
+PARTIAL_TILE_SHAPES = [(64, 64), (192, 192), (64, 320), (192, 320), (320, 192), (2880, 2880), (5760, 2880),
+                       (2880, 2944)]
 
 
-@pytest.mark.parametrize("n, k", [(64, 64), (192, 192), (64, 320)])
-def test_a_tile_must_divide_n_and_k(n, k):
-    rejects(replace(F16, prob_n=n, prob_k=k, group_size=-1), TILE_MESSAGE.format(n=n, k=k))
+@pytest.mark.parametrize("n, k", PARTIAL_TILE_SHAPES)
+def test_partial_tiles_pass(n, k):
+    replace(F16, prob_n=n, prob_k=k, group_size=-1).validate()
+    replace(F16, weight_type=E4M3, prob_n=n, prob_k=k, group_size=-1).validate()
+    replace(MXFP4, prob_n=n, prob_k=k).validate()
 
 
 @pytest.mark.parametrize("n, k", [(128, 128), (64, 128), (256, 64), (128, 64), (192, 384), (384, 192)])
-def test_each_tile_serves_its_multiples(n, k):
+def test_tile_multiples_pass(n, k):
     replace(F16, prob_n=n, prob_k=k, group_size=-1).validate()
 
 
@@ -445,11 +449,15 @@ def test_mxfp4_shared_rules():
         replace(MXFP4, expert_count=None).validate()
 
 
-def test_mxfp4_tile_rule_adds_k_multiple_of_64():
-    rejects(replace(MXFP4, prob_n=64, prob_k=96), TILE_MESSAGE.format(n=64, k=96))
-    rejects(replace(MXFP4, prob_n=128, prob_k=160), TILE_MESSAGE.format(n=128, k=160))
+def test_mxfp4_adds_k_multiple_of_64():
+    # The original contract asks only k % 32 (the group); the kernels need k % 64.
+    rejects(replace(MXFP4, prob_n=64, prob_k=96), "MXFP4 prob_k 96 must be divisible by the Marlin minimum thread "
+            "width 64")
+    rejects(replace(MXFP4, prob_n=128, prob_k=2880 + 32), "MXFP4 prob_k 2912 must be divisible by the Marlin "
+            "minimum thread width 64")
     replace(MXFP4, prob_n=64, prob_k=128).validate()
-    replace(MXFP4, prob_n=128, prob_k=192).validate()
+    replace(MXFP4, prob_n=64, prob_k=64).validate()
+    replace(MXFP4, prob_n=2880, prob_k=2880).validate()
 
 
 # ---- bucketed marlin_cuda_moe ------------------------------------------------------------
@@ -488,8 +496,12 @@ def test_bucket_heights_pass(m):
      (dict(group_size=64), r"group_size=64 must be -1 \(channelwise\) or 128"),
      (dict(n_full=128), r"n_full=128 must be -1 or a multiple of 64 that is >= n=256"),
      (dict(thread_k=64, thread_n=64), r"\(thread_k, thread_n\)=\(64, 64\) must be one of"),
-     (dict(thread_k=128, thread_n=256), r"\(thread_k, thread_n\)=\(128, 256\) must be one of"),
-     (dict(k=192, group_size=-1, n=192), r"no tile serves n=192, k=192"),
+     (dict(thread_k=256, thread_n=128), r"\(thread_k, thread_n\)=\(256, 128\) must be one of"),
+     (dict(m=32, thread_k=128, thread_n=256),
+      r"tile \(thread_k=128, thread_n=256\) serves prob_m <= 16, got prob_m=32"),
+     (dict(m=64, thread_k=128, thread_n=256),
+      r"tile \(thread_k=128, thread_n=256\) serves prob_m <= 16, got prob_m=64"),
+     (dict(k=96), r"k=96 must be divisible by 64"),
      (dict(sms=0), r"sms=0 must be -1 \(all\) or >= 1"),
      (dict(expert_count=-1), r"expert_count=-1 must be >= 0"),
      (dict(b_int4_per_expert=2047), r"b_int4_per_expert=2047 is below one expert's weight \(2048 16-byte units\)"),
@@ -504,9 +516,18 @@ def test_bucket_rules(changes, match):
 def test_bucket_valid_neighbours():
     wide = dict(n_full=512, b_int4_per_expert=4096, s_int4_per_expert=128)
     for changes in (wide, dict(thread_k=128, thread_n=64), dict(thread_k=64, thread_n=128),
+                    dict(thread_k=128, thread_n=256), dict(m=32, thread_k=64, thread_n=256),
                     dict(k=192, group_size=-1, b_int4_per_expert=1536), dict(expert_count=0), dict(locks_i32_per_expert=4),
                     dict(group_size=-1), dict(sms=8), dict(b_int4_per_expert=4096)):
         validate_moe_bucket(replace(BUCKET, **changes))
+
+
+@pytest.mark.parametrize("n, k", [(192, 192), (192, 320), (320, 64), (64, 64), (2880, 2880)])
+@pytest.mark.parametrize("tile", [(-1, -1), (128, 128), (128, 64), (64, 256), (64, 128), (128, 256)])
+def test_bucket_tiles_need_not_divide_the_problem(n, k, tile):
+    # A tile that does not divide (n, k) runs a partial last tile.
+    problem = MoeBucketProblem.stacked(m=16, n=n, k=k, group_size=-1, expert_count=2)
+    validate_moe_bucket(replace(problem, thread_k=tile[0], thread_n=tile[1]))
 
 
 def test_bucket_scalars_must_be_integers():

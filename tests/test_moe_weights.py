@@ -193,9 +193,9 @@ def test_from_mxfp4_bias_forms():
         MarlinMoeWeight.from_mxfp4(blocks, scales, values * 1e300)
 
 
-def test_from_mxfp4_pads_k_for_the_tile():
-    # N = 64 is served only by the (64, 128) tile: logical K 96 runs as 128
-    # (GPT-OSS's down projection: 2880 -> 2944).
+def test_from_mxfp4_rounds_k_up_to_the_thread_width():
+    # No tile has to divide (n, k) (the kernels run partial tiles): a logical K
+    # that is a multiple of 32 only is rounded up to 64, here 96 -> 128.
     blocks, scales = mxfp4_layer(np.random.default_rng(8), 64, 96)
     w = MarlinMoeWeight.from_mxfp4(blocks, scales)
     assert (w.k, w.logical_k, w.num_groups) == (128, 96, 4)
@@ -205,18 +205,35 @@ def test_from_mxfp4_pads_k_for_the_tile():
     explicit = MarlinMoeWeight.from_mxfp4(blocks, scales, physical_k=256)
     assert explicit.k == 256
     assert_buffers_decode_to_reference(explicit)
-    with pytest.raises(ArgumentError, match=re.escape("no MoE tile (n, k)")):
+    with pytest.raises(ArgumentError, match=re.escape("from_mxfp4: physical_k=96 must be a multiple of 64")):
         MarlinMoeWeight.from_mxfp4(blocks, scales, physical_k=96)
     with pytest.raises(ArgumentError, match=re.escape("physical_k=64 must be at least the logical K=96")):
         MarlinMoeWeight.from_mxfp4(blocks, scales, physical_k=64)
+
+
+@pytest.mark.parametrize("n,k", [(64, 64), (192, 320), (320, 192)])
+def test_from_mxfp4_keeps_a_k_that_no_tile_divides(n, k):
+    # Multiples of 64 run unpadded with a partial last tile (formerly 64 x 64
+    # ran as K 128, 192 x 320 as K 384).
+    blocks, scales = mxfp4_layer(np.random.default_rng(9), n, k)
+    w = MarlinMoeWeight.from_mxfp4(blocks, scales)
+    assert (w.n, w.k, w.logical_k) == (n, k, k)
+    check_shapes(w, "mxfp4", 32)
+    assert_buffers_decode_to_reference(w)
 
 
 def test_gpt_oss_shapes():
     blocks = np.zeros((1, 2880, 1440), np.uint8)
     scales = np.full((1, 2880, 90), 127, np.uint8)
     down = MarlinMoeWeight.from_mxfp4(blocks, scales, keep_reference=False)
-    assert (down.n, down.k, down.logical_k) == (2880, 2944, 2880)
-    assert down.qweight.shape == (1, 184, 5760) and down.scales.shape == (1, 92, 2880)
+    # No padding: the down projection runs with its logical K.
+    assert (down.n, down.k, down.logical_k) == (2880, 2880, 2880)
+    assert down.qweight.shape == (1, 180, 5760) and down.scales.shape == (1, 90, 2880)
+    # The original engine's padded layout, asked for explicitly.
+    padded = MarlinMoeWeight.from_mxfp4(blocks, scales, physical_k=2944, keep_reference=False)
+    assert (padded.n, padded.k, padded.logical_k) == (2880, 2944, 2880)
+    assert padded.qweight.shape == (1, 184, 5760) and padded.scales.shape == (1, 92, 2880)
+    assert (padded.scales[:, 90:] == 0).all()
     gate_up = MarlinMoeWeight.from_mxfp4(np.zeros((1, 5760, 1440), np.uint8), np.full((1, 5760, 90), 127, np.uint8),
                                          keep_reference=False)
     assert (gate_up.n, gate_up.k) == (5760, 2880)
@@ -339,7 +356,8 @@ def direct(**changes) -> MarlinMoeWeight:
 OBJECT_RULES = [
     (dict(kind="u8"), ArgumentError, "kind='u8' must be one of u4b8, u4, fe4m3fn, mxfp4"),
     (dict(n=96), ArgumentError, "MarlinMoeWeight: n=96 must be a multiple of 64"),
-    (dict(k=64, logical_k=64), ArgumentError, "no MoE tile (n, k)"),
+    (dict(k=96, logical_k=96, qweight=np.zeros((2, 6, 128), np.int32), scales=np.ones((2, 3, 64), np.float16),
+          group_size=32), ArgumentError, "MarlinMoeWeight: k=96 must be a multiple of 64"),
     (dict(logical_k=96), ArgumentError, "logical_k=96 must equal k=128 for kind 'u4b8'"),
     (dict(group_size=32), ArgumentError, "scales must have shape (2, 4, 64)"),
     (dict(group_size=16), ArgumentError, "group_size=16 must be one of (-1, 32, 64, 128)"),
@@ -375,5 +393,9 @@ def test_object_rule_neighbours_pass():
     direct(kind="fe4m3fn", group_size=128, qweight=np.zeros((2, 8, 256), np.int32), scales=np.ones((2, 1, 64), np.float16))
     direct(kind="mxfp4", group_size=32, logical_k=96, scales=np.zeros((2, 4, 64), np.uint8), bias=np.zeros((2, 64), BF16))
     direct(n=128, k=64, logical_k=64, qweight=np.zeros((2, 4, 256), np.int32), scales=np.ones((2, 1, 128), np.float16))
+    # No tile has to divide (n, k): 64 x 64 and 192 x 320 pass.
+    direct(k=64, logical_k=64, qweight=np.zeros((2, 4, 128), np.int32), scales=np.ones((2, 1, 64), np.float16))
+    direct(n=192, k=320, logical_k=320, qweight=np.zeros((2, 20, 384), np.int32),
+           scales=np.ones((2, 5, 192), np.float16))
     direct(qweight=mm_fakes.FakeCAI((2, 8, 128), "<i4"), scales=mm_fakes.FakeCAI((2, 2, 64), "<f2"))
     assert set(MOE_KINDS) == {"u4b8", "u4", "fe4m3fn", "mxfp4"}

@@ -33,14 +33,17 @@ columns ("P32", :func:`permute_mxfp4_marlin_bias_bf16`).
 
 Physical K
 ==========
-The MoE kernels serve ``(n, k)`` tiles (128, 128), (64, 128), (256, 64) and
-(128, 64), so a K that is a multiple of 64 but not of 128 works only when
-``N % 128 == 0``. GPT-OSS's down projection (``N = K = 2880``) fits no tile;
-its K is padded to 2944 with zero codes and zero scale bytes (weights exactly
-0), and the activations carry zeros in the padded features (the GPT-OSS SwiGLU
-writes them: ``ferrum_gpt_oss_swiglu``'s ``physical_d``). See
-:func:`mxfp4_physical_k` and :func:`pad_mxfp4_k`. GPT-OSS's gate/up projection
-(``N = 5760``, ``K = 2880``) needs no padding.
+The fused-MoE kernels take any ``N`` and ``K`` that are multiples of 64: a tile
+that does not divide them runs a partial last tile, reading and writing nothing
+outside the problem. So a projection runs with its logical K when that is a
+multiple of 64 -- both GPT-OSS projections do (gate/up ``N = 5760, K = 2880``,
+down ``N = K = 2880``) -- and a K that is only a multiple of 32 is rounded up to
+the next multiple of 64 (:func:`mxfp4_physical_k`). The padded features get
+zero codes and zero scale bytes (weights exactly 0), and the activations carry
+zeros there (the GPT-OSS SwiGLU writes them: ``ferrum_gpt_oss_swiglu``'s
+``physical_d``). Wider padding stays available through :func:`pad_mxfp4_k`
+(or ``MarlinMoeWeight.from_mxfp4``'s ``physical_k``) for callers that want the
+original engine's layout, whose GPT-OSS down projection ran with K = 2944.
 """
 
 from __future__ import annotations
@@ -55,7 +58,6 @@ from .marlin import CHUNK_COLUMNS, marlin_scale_permutation
 __all__ = [
     "MXFP4_GROUP_SIZE",
     "E2M1_MAGNITUDES",
-    "MOE_TILES",
     "decode_mxfp4",
     "quantize_mxfp4",
     "transpose_mxfp4_expert_blocks_to_gptq_words",
@@ -70,8 +72,6 @@ MXFP4_GROUP_SIZE = 32
 """Features per E8M0 scale."""
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 """The value of code bits 2..0; bit 3 is the sign."""
-MOE_TILES = ((128, 128), (64, 128), (256, 64), (128, 64))
-"""``(n, k)`` tiles of the fused-MoE kernels (``ferrum_marlin.h``)."""
 _E8M0_NAN = 0xFF
 _E8M0_BIAS = 127
 _CODES = np.array(E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES), dtype=np.float64)
@@ -289,16 +289,17 @@ def unpermute_mxfp4_marlin_bias_bf16(bias: object, expert_count: int, n: int) ->
 # --------------------------------------------------------------------------
 def mxfp4_physical_k(n: int, k: int) -> int:
     """The K an MXFP4 projection of ``n`` outputs and logical ``k`` features
-    (a multiple of 32) runs with: the smallest multiple of 64 not below ``k``
-    that one of :data:`MOE_TILES` divides together with ``n`` -- ``k`` rounded
-    up to 64 when ``n % 128 == 0``, to 128 otherwise (module doc). GPT-OSS:
-    ``(2880, 2880) -> 2944``, ``(5760, 2880) -> 2880``. ``n`` must be a
-    multiple of 64."""
+    (a multiple of 32) runs with: ``k`` rounded up to a multiple of 64, the
+    kernels' minimum thread width. No tile has to divide it -- the kernels run
+    a partial last tile (module doc) -- so ``n`` does not change the answer;
+    it is still checked (a multiple of 64) and kept in the signature. GPT-OSS:
+    ``(2880, 2880) -> 2880``, ``(5760, 2880) -> 2880``. The original engine's
+    padded down projection (K = 2944) stays available through
+    :func:`pad_mxfp4_k` or an explicit ``physical_k``."""
     fn = "mxfp4_physical_k"
-    n = check_size(fn, "n", n, CHUNK_COLUMNS)
+    check_size(fn, "n", n, CHUNK_COLUMNS)
     k = check_size(fn, "k", k, MXFP4_GROUP_SIZE)
-    tile_k = min(tk for tn, tk in MOE_TILES if n % tn == 0)
-    return -(-k // tile_k) * tile_k
+    return -(-k // 64) * 64
 
 
 def pad_mxfp4_k(blocks: np.ndarray, scales: np.ndarray, physical_k: int) -> tuple[np.ndarray, np.ndarray]:
