@@ -21,7 +21,7 @@ from .formats import (
     repack_marlin_to_gptq,
     repack_scales_to_marlin,
 )
-from .fused_moe import FusedMoE, fused_moe, route
+from .moe_layer import FusedMoE, fused_moe, route
 from .general_gemm import linear, release_scratch
 from .mm import launch_marlin_mm
 from .moe import (

@@ -12,7 +12,7 @@ Two MoE layers, at every m (tokens) asked for:
 Routing: each token picks top_k distinct experts uniformly at random (fixed
 seed), aligned once by ferrum_ffi.moe_ops.moe_align_block_size.
 
-For each GEMM (gate_up, down) and, when ``ferrum_ffi.fused_moe`` exists, for
+For each GEMM (gate_up, down) and, when ``ferrum_ffi.moe_layer`` exists, for
 the whole layer, in the same run and the same way:
   * ``marlin``  the fused launch (launch_marlin_moe / _mxfp4_bf16) on random
                 weights in the Marlin layout; down with mul_topk_weights;
@@ -198,7 +198,7 @@ def spin_ns_for(host_us: float) -> int:
     return int(min(max(2.0 * host_us + 100.0, 200.0), 100_000.0) * 1000)
 
 
-# The fused layer: ferrum_ffi.fused_moe is written separately, so its call is
+# The fused layer: ferrum_ffi.moe_layer is written separately, so its call is
 # found from its signature: parameters are matched to these roles by name.
 FUSED_FUNCTIONS = ("fused_moe", "fused_marlin_moe", "moe_layer", "fused_experts")
 ROLE_NAMES: dict[str, tuple[str, ...]] = {
@@ -532,18 +532,18 @@ def dense_rows(bench: Bench, layer: LayerSpec, source: np.ndarray) -> Callable[[
 
 def find_fused_moe() -> tuple[Callable | None, str]:
     try:
-        module = importlib.import_module("ferrum_ffi.fused_moe")
+        module = importlib.import_module("ferrum_ffi.moe_layer")
     except ModuleNotFoundError as exc:
-        if exc.name == "ferrum_ffi.fused_moe":
-            return None, "ferrum_ffi.fused_moe does not exist in this tree: layer rows skipped"
-        return None, f"ferrum_ffi.fused_moe failed to import: {exc!r}"
+        if exc.name == "ferrum_ffi.moe_layer":
+            return None, "ferrum_ffi.moe_layer does not exist in this tree: layer rows skipped"
+        return None, f"ferrum_ffi.moe_layer failed to import: {exc!r}"
     except Exception as exc:  # noqa: BLE001 - report whatever the module raised
-        return None, f"ferrum_ffi.fused_moe failed to import: {exc!r}"
+        return None, f"ferrum_ffi.moe_layer failed to import: {exc!r}"
     for name in FUSED_FUNCTIONS:
         fn = getattr(module, name, None)
         if callable(fn):
-            return fn, f"ferrum_ffi.fused_moe.{name}"
-    return None, f"ferrum_ffi.fused_moe has none of {', '.join(FUSED_FUNCTIONS)}: layer rows skipped"
+            return fn, f"ferrum_ffi.moe_layer.{name}"
+    return None, f"ferrum_ffi.moe_layer has none of {', '.join(FUSED_FUNCTIONS)}: layer rows skipped"
 
 
 def fused_layer_call(bench: Bench, fn: Callable, name: str, layer: LayerSpec, values: dict) -> tuple[Callable, str]:

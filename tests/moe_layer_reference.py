@@ -1,4 +1,4 @@
-"""A float64 NumPy reference of a whole MoE layer (ferrum_ffi.fused_moe),
+"""A float64 NumPy reference of a whole MoE layer (ferrum_ffi.moe_layer),
 written from its definition in the most direct way, for the CPU and GPU tests;
 the GPU tests feed it ``MarlinMoeWeight.dequantize()`` (the source format's
 own decoder, independent of the Marlin buffers).

@@ -1,4 +1,4 @@
-"""ferrum_ffi.fused_moe on the CPU: the float64 layer reference against hand
+"""ferrum_ffi.moe_layer on the CPU: the float64 layer reference against hand
 computations, the block-size rule, what reaches the native entry points (a
 fake library records every call in order; fake device arrays are only a
 ``__cuda_array_interface__``), scratch reuse, and every argument rule
@@ -24,7 +24,7 @@ from . import moe_layer_reference as ref
 from .mm_fakes import FakeCAI, bf16_cai, host_cai
 
 # The package's ``fused_moe`` attribute is the function; the module is this.
-layer = importlib.import_module("ferrum_ffi.fused_moe")
+layer = importlib.import_module("ferrum_ffi.moe_layer")
 
 BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
 SMS = 132

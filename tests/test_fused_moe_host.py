@@ -21,7 +21,7 @@ from . import moe_layer_reference as ref
 from .mm_fakes import host_cai
 from .moe_host_kernels import BF16, HostFlat, HostMoeLibrary
 
-layer = importlib.import_module("ferrum_ffi.fused_moe")
+layer = importlib.import_module("ferrum_ffi.moe_layer")
 E = 8
 
 
