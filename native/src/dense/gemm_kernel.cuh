@@ -443,12 +443,16 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       [[maybe_unused]] float corr[T::m8][4];
       constexpr bool kCorrection = F::const_correction || F::zero_points;
       {
+        // Groups shorter than the tile: each warp takes consecutive k steps, so
+        // a group's steps share one window and its scales are applied once per
+        // group (per warp share of it), not once per step.
         constexpr bool kPerRow = PerRowGroups;
+        const int group_mask = kPerRow ? (1 << (p.group_shift - 4)) - 1 : 0;  // k steps per group - 1
 #pragma unroll
         for (int rr = 0; rr < T::rows_per_warp; ++rr) {
-          const int row = warp_k + rr * T::warps_k;
-          const bool open = kPerRow || rr == 0;
-          const bool close = kPerRow || rr == T::rows_per_warp - 1;
+          const int row = kPerRow ? warp_k * T::rows_per_warp + rr : warp_k + rr * T::warps_k;
+          const bool open = rr == 0 || (kPerRow && (row & group_mask) == 0);
+          const bool close = rr == T::rows_per_warp - 1 || (kPerRow && (row & group_mask) == group_mask);
           const int s_row = (16 * row) >> z_shift;
           uint32_t w[4 * F::words];
           weight_words(sb, row, w);
@@ -772,8 +776,8 @@ cudaError_t launch_kernel(Args& args, const Launch& launch, int* stage) {
   int grid = launch.sms * blocks;
   if constexpr (R != Route::Sorted) {
     // Sorted launches learn their work on the device and split it there.
-    const int n_tiles = args.n / T::n_tile;
-    const int k_tiles = args.k / T::k_tile;
+    const int n_tiles = (args.n + T::n_tile - 1) / T::n_tile;  // as the kernel counts them
+    const int k_tiles = (args.k + T::k_tile - 1) / T::k_tile;
     const int total = args.slabs * n_tiles * k_tiles;
     if (grid > total) grid = total;
     args.iters = (total + grid - 1) / grid;
