@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.resources
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -385,6 +386,21 @@ class NativeLibrary:
                 cuda_status_name=name.decode(),
             )
         raise NativeError(entry_point, status, shape, self.last_error())
+
+
+@dataclass(frozen=True)
+class NativeCall:
+    """One native call whose every rule has passed: the entry point, its
+    arguments in prototype order, and the shape a :class:`NativeError`
+    reports. The launchers build it after their checks; running it checks
+    nothing again (``fused_moe`` keeps the calls of a validated layer)."""
+
+    entry: str
+    args: tuple
+    shape: dict | None = None
+
+    def run(self, lib: NativeLibrary) -> None:
+        lib.check(self.entry, getattr(lib, self.entry)(*self.args), self.shape)
 
 
 _lock = threading.Lock()

@@ -10,12 +10,18 @@ stream may (the stream orders them), so they are cached per ``(device,
 stream)`` and grown on demand: after the first call of a given size nothing
 is allocated, which keeps ``linear`` and ``fused_moe`` capturable in a CUDA
 graph once warmed up.
+
+Plans built over these buffers (``fused_moe`` keeps the validated native
+calls of a layer, pointers to the buffers included) are kept here too, so
+that they never outlive the buffers they name: replacing a buffer (growth)
+or releasing them drops every plan.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,16 +60,31 @@ _cache: dict[tuple[int, int], Scratch] = {}
 # Named buffers of scratch_array, per (device, stream, name, dtype name).
 _arrays: dict[tuple[int, int, str, str], _Buffer] = {}
 _lock = threading.Lock()
+# Plans per owner (held weakly: a dropped weight drops its plans), each a
+# key -> plan dict. A plan holds the buffers it names, so one in use while
+# another thread replaces them stays valid; the generation counts the
+# replacements and releases, so that a plan built across one is not kept.
+_plans: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+_generation = 0
 
 
 def _key(device: int, stream: int) -> tuple[int, int]:
     return int(device), 1 if stream in (0, 1) else int(stream)  # 0 and 1: the legacy default stream
 
 
+def _forget_plans() -> None:
+    """Under ``_lock``: a buffer is replaced or released; no plan may name it."""
+    global _generation
+    _generation += 1
+    _plans.clear()
+
+
 def _grow(buffer: _Buffer, nbytes: int, dtype: np.dtype, like: Any, device: int, stream: int) -> bool:
     """Make ``buffer`` hold at least ``nbytes``; True when it was (re)allocated."""
     if buffer.nbytes >= nbytes:
         return False
+    if buffer.view is not None:
+        _forget_plans()
     dtype = np.dtype(dtype)
     count = -(-max(nbytes, _ALIGN) // _ALIGN) * (_ALIGN // dtype.itemsize)
     array = allocate(like, None, (count,), dtype, device, stream)
@@ -120,7 +141,28 @@ def shaped(array: Any, shape: tuple[int, ...]) -> Any:
 
 
 def release_scratch() -> None:
-    """Drop every cached scratch buffer (call when no launch is in flight)."""
+    """Drop every cached scratch buffer, and the plans naming them (call when
+    no launch is in flight)."""
     with _lock:
         _cache.clear()
         _arrays.clear()
+        _forget_plans()
+
+
+def plan_generation() -> int:
+    """Read before fetching the buffers a plan will name; :func:`keep_plan`
+    keeps the plan only if no buffer was replaced or released since."""
+    return _generation
+
+
+def plans_of(owner: Any) -> dict | None:
+    """The plans kept for ``owner`` (key -> plan; read only), or None."""
+    return _plans.get(owner)
+
+
+def keep_plan(owner: Any, key: Any, plan: Any, generation: int) -> None:
+    """Keep ``plan`` for ``owner`` under ``key``, unless a buffer was replaced
+    or released since ``generation`` (:func:`plan_generation`) was read."""
+    with _lock:
+        if generation == _generation:
+            _plans.setdefault(owner, {})[key] = plan

@@ -6,6 +6,9 @@ device arrays of any library (``_interop``) -- check every rule
 (``moe_validation``; with arrays also dtype, layout, device and size), resolve
 the stream, one ctypes call, and a failure status becomes a
 :class:`~ferrum_ffi.status.NativeError` naming the entry point and the shape.
+:func:`marlin_moe_call` and :func:`marlin_moe_mxfp4_bf16_call` do all of it
+but the call, which they return (``fused_moe`` checks every step of a layer
+before its first native call and keeps the validated calls).
 Nothing here allocates, zeroes or synchronises: the caller owns the workspace
 (zero on entry, left zero by the kernel), so calls can be graph-captured.
 """
@@ -21,7 +24,7 @@ import numpy as np
 
 from ._devices import bfloat16_dtype, device_of, prepare_stream
 from ._interop import DeviceArray, as_device_array, resolve_stream
-from ._native import library
+from ._native import NativeCall, library
 from .mm import device_sm_count
 from .moe_validation import (
     BUCKET_ENTRY,
@@ -180,6 +183,45 @@ def launch_marlin_moe(
     through ``c_tmp`` instead of atomics. ``stream``: as everywhere (None: the
     arrays' current stream, or 0 for pointers).
     """
+    marlin_moe_call(
+        a=a, b=b, c=c, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids, expert_ids=expert_ids,
+        num_tokens_past_padded=num_tokens_past_padded, prob_m=prob_m, prob_n=prob_n, prob_k=prob_k, top_k=top_k,
+        moe_block_size=moe_block_size, group_size=group_size, weight_type=weight_type, zero_points=zero_points,
+        c_tmp=c_tmp, topk_weights=topk_weights, mul_topk_weights=mul_topk_weights, is_ep=is_ep,
+        use_fp32_reduce=use_fp32_reduce, expert_count=expert_count, device=device, stream=stream, spans=spans,
+    ).run(library())
+
+
+def marlin_moe_call(
+    *,
+    a: Any,
+    b: Any,
+    c: Any,
+    scales: Any,
+    workspace: Any,
+    sorted_token_ids: Any,
+    expert_ids: Any,
+    num_tokens_past_padded: Any,
+    prob_m: int,
+    prob_n: int,
+    prob_k: int,
+    top_k: int,
+    moe_block_size: int,
+    group_size: int,
+    weight_type: MoeF16WeightType,
+    zero_points: Any,
+    c_tmp: Any,
+    topk_weights: Any,
+    mul_topk_weights: bool,
+    is_ep: bool,
+    use_fp32_reduce: bool,
+    expert_count: int | None,
+    device: int | None,
+    stream: Any,
+    spans: Mapping[str, int] | None,
+) -> NativeCall:
+    """:func:`launch_marlin_moe` up to its native call, which it returns
+    (arguments ``a``, ``c`` and ``topk_weights`` first, third and eleventh)."""
     entry = "launch_marlin_moe"
     buffers = _Buffers(entry, dict(
         a=a, b=b, c=c, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids,
@@ -207,17 +249,15 @@ def launch_marlin_moe(
     required = launch.validate(device_sm_count(launch.device_ordinal))
     buffers.check_sizes(entry, required, spans)
     handle = buffers.stream(stream)
-    lib = library()
     # Absent optional pointers are None, which ctypes passes as NULL.
-    code = getattr(lib, launch.entry_point)(
+    return NativeCall(launch.entry_point, (
         launch.a, launch.b, launch.c, launch.c_tmp, launch.scales, launch.zero_points,
         launch.workspace, launch.sorted_token_ids, launch.expert_ids, launch.num_tokens_past_padded,
         launch.topk_weights, launch.moe_block_size, launch.top_k, int(launch.mul_topk_weights),
         int(launch.is_ep), launch.prob_m, launch.prob_n, launch.prob_k, launch.group_size,
         int(launch.has_zero_points), launch.device_ordinal, handle, int(launch.use_atomic_add),
         int(launch.use_fp32_reduce),
-    )
-    lib.check(launch.entry_point, code, launch.shape)
+    ), launch.shape)
 
 
 def launch_marlin_moe_mxfp4_bf16(
@@ -251,6 +291,44 @@ def launch_marlin_moe_mxfp4_bf16(
     before the native call. As :func:`launch_marlin_moe`, except: ``a``, ``c``
     and ``bias`` ([E, N], P32 order) are bfloat16, ``scales`` are E8M0 bytes
     (uint8) and ``expert_count`` (E) is always given."""
+    marlin_moe_mxfp4_bf16_call(
+        a=a, b=b, c=c, bias=bias, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids,
+        expert_ids=expert_ids, num_tokens_past_padded=num_tokens_past_padded, expert_count=expert_count,
+        prob_m=prob_m, prob_n=prob_n, prob_k=prob_k, top_k=top_k, moe_block_size=moe_block_size,
+        group_size=group_size, c_tmp=c_tmp, topk_weights=topk_weights, mul_topk_weights=mul_topk_weights,
+        is_ep=is_ep, use_fp32_reduce=use_fp32_reduce, device=device, stream=stream, spans=spans,
+    ).run(library())
+
+
+def marlin_moe_mxfp4_bf16_call(
+    *,
+    a: Any,
+    b: Any,
+    c: Any,
+    bias: Any,
+    scales: Any,
+    workspace: Any,
+    sorted_token_ids: Any,
+    expert_ids: Any,
+    num_tokens_past_padded: Any,
+    expert_count: int,
+    prob_m: int,
+    prob_n: int,
+    prob_k: int,
+    top_k: int,
+    moe_block_size: int,
+    group_size: int,
+    c_tmp: Any,
+    topk_weights: Any,
+    mul_topk_weights: bool,
+    is_ep: bool,
+    use_fp32_reduce: bool,
+    device: int | None,
+    stream: Any,
+    spans: Mapping[str, int] | None,
+) -> NativeCall:
+    """:func:`launch_marlin_moe_mxfp4_bf16` up to its native call, which it
+    returns (arguments as :func:`marlin_moe_call`'s)."""
     entry = "launch_marlin_moe_mxfp4_bf16"
     buffers = _Buffers(entry, dict(
         a=a, b=b, c=c, bias=bias, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids,
@@ -276,15 +354,13 @@ def launch_marlin_moe_mxfp4_bf16(
     required = launch.validate(device_sm_count(launch.device_ordinal))
     buffers.check_sizes(entry, required, spans)
     handle = buffers.stream(stream)
-    lib = library()
-    code = lib.ferrum_vllm_marlin_moe_mxfp4_bf16(
+    return NativeCall(launch.entry_point, (
         launch.a, launch.b, launch.c, launch.c_tmp, launch.bias, launch.scales, launch.workspace,
         launch.sorted_token_ids, launch.expert_ids, launch.num_tokens_past_padded,
         launch.topk_weights, launch.moe_block_size, launch.top_k, int(launch.mul_topk_weights),
         int(launch.is_ep), launch.prob_m, launch.prob_n, launch.prob_k, launch.group_size,
         launch.device_ordinal, handle, int(launch.use_atomic_add), int(launch.use_fp32_reduce),
-    )
-    lib.check(launch.entry_point, code, launch.shape)
+    ), launch.shape)
 
 
 def launch_marlin_cuda_moe(

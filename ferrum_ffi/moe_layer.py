@@ -14,11 +14,22 @@ The down GEMM reuses the routing of the gate/up GEMM: with ``top_k = 1`` and
 ``activated`` directly, and the padding id ``M*top_k`` is still past the
 last row. The routing count stays on the device (the kernels read it).
 
-Every rule is checked before the first native call. Scratch (routing arrays,
-intermediates, the lock workspace and ``c_tmp``) is cached per (device,
-stream) in :mod:`._scratch` and grown on demand, so after a first call of a
-given size nothing but an omitted ``out`` is allocated and the call can be
-captured in a CUDA graph.
+Every rule of every native call is checked before the first of them. Scratch
+(routing arrays, intermediates, the lock workspace and ``c_tmp``) is cached
+per (device, stream) in :mod:`._scratch` and grown on demand, so after a
+first call of a given size nothing but an omitted ``out`` is allocated and
+the call can be captured in a CUDA graph.
+
+Host time (decode: a few tokens, a few tens of microseconds on the GPU): the
+first call of a layer signature -- the weight objects, the options, M,
+top_k, the expert map's length, the stream -- checks every rule and keeps
+the native calls it validated, their arguments included, as a plan (in
+:mod:`._scratch`, dropped with the scratch buffers it names). A later call of
+the same signature re-reads the caller's arrays, re-checks everything the
+native calls require of them (dtype, shape, C order, alignment, pointer
+range, device, a writable ``out``) and makes the kept calls with their
+pointers; anything else sends it through every rule again, so a bad
+argument raises what it always raised.
 
 Weights and activations: INT4 (``u4b8``, ``u4``) and FP8 (``fe4m3fn``)
 experts run FP16 activations, MXFP4 experts BF16 (each kind's only entry
@@ -31,28 +42,30 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ._devices import allocate, device_of, prepare_stream
 from ._interop import DeviceArray, as_device_array
-from ._native import library
-from ._scratch import scratch_array, scratch_for, shaped
+from ._native import NativeCall, library
+from ._scratch import keep_plan, plan_generation, plans_of, scratch_array, scratch_for, shaped
 from .mm import device_sm_count
-from .moe import launch_marlin_moe, launch_marlin_moe_mxfp4_bf16
+from .moe import marlin_moe_call, marlin_moe_mxfp4_bf16_call
 from .moe_ops import (
     MAX_EXPERTS,
+    align_call,
     align_capacity,
-    gpt_oss_swiglu,
-    moe_align_block_size,
-    moe_sum,
-    silu_and_mul,
+    gpt_oss_swiglu_call,
+    moe_sum_call,
+    silu_and_mul_call,
     topk_softmax,
 )
 from .moe_validation import (
     MOE_BLOCK_SIZES,
+    U64_MAX,
     MoeF16WeightType,
     moe_c_tmp_floats,
     moe_workspace_ints,
@@ -246,6 +259,225 @@ def _output(out: Any, hidden: Any, call: _Call, n: int, dtype: np.dtype) -> tupl
     return out, view
 
 
+# ---- plans: the validated native calls of a layer, kept ---------------------------------
+
+# Where the caller's values go among the native arguments (prototype order,
+# _native.PROTOTYPES; the ``*_call`` builders name these positions) ...
+_GEMM_A, _GEMM_C, _GEMM_TOPK_WEIGHTS = 0, 2, 10  # both fused-MoE GEMM signatures
+_ALIGN_TOPK_IDS, _ALIGN_EXPERT_MAP = 0, 5
+_SWIGLU_ALPHA, _SWIGLU_LIMIT = 5, 6
+_SUM_OUT = 1
+_MEMSET_PTR = 0
+# ... and the per-call values that fill them, indices into the tuple Plan.run takes.
+_HIDDEN, _TOPK_IDS, _TOPK_WEIGHTS, _EXPERT_MAP, _OUT, _ALPHA, _LIMIT = range(7)
+
+# (function, arguments, slots: (argument position, value index), entry point, shape)
+_Step = tuple[Callable[..., int], tuple, tuple[tuple[int, int], ...], str, "dict | None"]
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """The native calls of one layer signature on one stream, built after
+    every rule of every call passed: each call's function (looked up once),
+    its arguments with the caller's values to fill in per call, and what a
+    NativeError reports. ``scratch`` holds the buffers the arguments name, so
+    that they live as long as the plan (even when another thread replaces
+    them meanwhile)."""
+
+    steps: tuple[_Step, ...]
+    scratch: tuple[Any, ...]
+
+    def run(self, lib: Any, values: tuple) -> None:
+        for function, args, slots, entry, shape in self.steps:
+            if slots:
+                args = list(args)
+                for position, value in slots:
+                    args[position] = values[value]
+            code = function(*args)
+            if code:
+                lib.check(entry, code, shape)
+
+
+@dataclass(frozen=True, eq=False)
+class _Signature:
+    """A layer signature that passed :func:`_check_call`: kept per ``w13``
+    under the key of :func:`_signature_key`, with ``w2`` (held weakly: the
+    key has its id only), the library its plans call, what the rules
+    resolved (device, block size, activation dtype) and the plans per stream
+    handle (never changed once kept: a new stream's plan makes a new entry)."""
+
+    w2: weakref.ref
+    lib: Any
+    device: int
+    block_size: int
+    dtype: np.dtype
+    plans: Mapping[int, _Plan]
+
+
+def _plain_options(activation: Any, block_size: Any, fp32_reduce: Any, alpha: Any, limit: Any) -> bool:
+    """Options of the exact built-in types that pass the activation and option
+    rules, the only ones a signature is kept for (the rules accept more, e.g.
+    NumPy scalars: those calls are checked in full every time)."""
+    return (type(activation) is str and activation in ACTIVATIONS
+            and (block_size is None or (type(block_size) is int and block_size in MOE_BLOCK_SIZES))
+            and type(fp32_reduce) is bool
+            and type(alpha) is float and alpha == alpha  # not NaN
+            and type(limit) is float and limit >= 0)
+
+
+def _signature_key(w2: MarlinMoeWeight, activation: str, block_size: int | None, fp32_reduce: bool, m: int,
+                   top_k: int, expert_map: DeviceArray | None) -> tuple:
+    """Everything the rules of a call depend on but ``w13`` (the owner of the
+    entry) and the caller's arrays (checked every call)."""
+    return (id(w2), activation, block_size, fp32_reduce, m, top_k,
+            None if expert_map is None else expert_map.shape[0])
+
+
+def _fits(view: DeviceArray, dtype: np.dtype, shape: tuple[int, ...], alignment: int) -> bool:
+    """What every call of a plan requires of a caller's array: its dtype and
+    shape, C order, and a non-null pointer, aligned, whose span stays an
+    address (the launch rules' u64 range)."""
+    ptr = view.ptr
+    return (view.dtype == dtype and view.shape == shape and view.is_c_contiguous and 0 < ptr
+            and ptr % alignment == 0 and ptr + view.nbytes - 1 <= U64_MAX)
+
+
+def _known_call(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any, expert_map: Any,
+                block_size: Any, fp32_reduce: Any, alpha: Any, limit: Any) -> tuple[_Call, _Signature] | None:
+    """The :class:`_Call` that :func:`_check_call` would return, without its
+    work, when the layer signature passed it before (the same weight objects:
+    a weight's buffers never change) and the caller's arrays meet everything
+    the calls of a plan require of them; else None. Never raises: a call it
+    cannot vouch for goes to :func:`_check_call`, which raises in the rules'
+    order."""
+    if type(w13) is not MarlinMoeWeight or not _plain_options(activation, block_size, fp32_reduce, alpha, limit):
+        return None
+    signatures = plans_of(w13)
+    if signatures is None:
+        return None
+    # Reading an argument runs the caller's code (properties, DLPack exports):
+    # whatever it raises, the validating path raises again in the rules' order.
+    try:
+        hidden_view = as_device_array(hidden, "hidden")
+        ids_view = as_device_array(topk_ids, "topk_ids")
+        weights_view = as_device_array(topk_weights, "topk_weights")
+        map_view = None if expert_map is None else as_device_array(expert_map, "expert_map")
+    except Exception:
+        return None
+    if len(ids_view.shape) != 2 or (map_view is not None and len(map_view.shape) != 1):
+        return None
+    m, top_k = ids_view.shape
+    signature = signatures.get(_signature_key(w2, activation, block_size, fp32_reduce, m, top_k, map_view))
+    if signature is None or signature.w2() is not w2 or signature.lib is not library():
+        return None
+    if not (_fits(hidden_view, signature.dtype, (m, w13.k), 16) and _fits(ids_view, _INT32, (m, top_k), 4)
+            and _fits(weights_view, _FLOAT32, (m, top_k), 4)
+            and (map_view is None or _fits(map_view, _INT32, map_view.shape, 4))):
+        return None
+    device = signature.device
+    try:
+        if (device_of(hidden, hidden_view) != device or device_of(topk_ids, ids_view) != device
+                or device_of(topk_weights, weights_view) != device
+                or (map_view is not None and device_of(expert_map, map_view) != device)):
+            return None
+    except Exception:  # a failed device query: raised again by the validating path
+        return None
+    experts = w13.num_experts if map_view is None else map_view.shape[0]
+    return _Call(m=m, top_k=top_k, num_experts=experts, block_size=signature.block_size, device=device,
+                 hidden=hidden_view, topk_weights=weights_view, topk_ids=ids_view, expert_map=map_view), signature
+
+
+def _out_fits(out: Any, view: DeviceArray, call: _Call, n: int, dtype: np.dtype) -> bool:
+    """What the calls of a plan require of ``out`` (given or allocated): the
+    down GEMM writes it with top_k = 1 (16-byte aligned), moe_sum otherwise."""
+    alignment = 16 if call.top_k == 1 else dtype.itemsize
+    try:
+        return (_fits(view, dtype, (call.m, n), alignment) and not view.readonly
+                and device_of(out, view) == call.device)
+    except Exception:  # a failed device query: raised again by the launchers' checks
+        return False
+
+
+def _step(lib: Any, call: NativeCall, *slots: tuple[int, int]) -> _Step:
+    return getattr(lib, call.entry), call.args, slots, call.entry, call.shape
+
+
+def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: Any, topk_ids: Any, call: _Call,
+          activation: str, expert_map: Any, fp32_reduce: bool, alpha: float, limit: float, out: Any,
+          out_view: DeviceArray, handle: int, lib: Any) -> _Plan:
+    """Every rule of every call of the layer (the launchers' own checks, on
+    this call's arrays and the scratch), then their plan on ``handle``."""
+    rows, device, dtype = call.rows, call.device, w13.activation_dtype
+    sms = device_sm_count(device)
+    # One fp32 c_tmp serves both GEMMs (they run one after the other on the stream).
+    c_tmp_floats = max(rows * max(w13.n, w2.n), moe_c_tmp_floats(call.block_size, sms)) if fp32_reduce else 0
+    shared = scratch_for(device, handle, hidden, workspace_bytes=4 * moe_workspace_ints(sms),
+                         c_tmp_bytes=4 * c_tmp_floats)
+    sorted_capacity, blocks = align_capacity(call.m, call.top_k, call.num_experts, call.block_size)
+
+    def buffer(name: str, shape: tuple[int, ...], kind: np.dtype) -> Any:
+        return shaped(scratch_array(device, handle, hidden, f"fused_moe.{name}", math.prod(shape), kind), shape)
+
+    routing = (buffer("sorted_token_ids", (sorted_capacity,), _INT32), buffer("expert_ids", (blocks,), _INT32),
+               buffer("num_tokens_post_padded", (1,), _INT32))
+    # The gate/up output is dead once activated, so the down output reuses its storage.
+    gemm_rows = scratch_array(device, handle, hidden, "fused_moe.gemm_out", rows * max(w13.n, w2.n), dtype)
+    gate_up = shaped(gemm_rows, (rows, w13.n))
+    activated = buffer("activated", (rows, w2.k), dtype)
+    workspace = shared.workspace.array
+    c_tmp = shared.c_tmp.array if fp32_reduce else None
+    is_ep = call.expert_map is not None
+    # With top_k = 1 each token has one row: the down GEMM writes out directly.
+    top1 = call.top_k == 1
+    writes_out = ((_GEMM_C, _OUT),) if top1 else ()
+    down = out if top1 else shaped(gemm_rows, (rows, w2.n))
+
+    steps = [
+        _step(lib, align_call(topk_ids, call.num_experts, call.block_size, expert_map, routing, handle)[1],
+              (_ALIGN_TOPK_IDS, _TOPK_IDS), *(((_ALIGN_EXPERT_MAP, _EXPERT_MAP),) if is_ep else ())),
+        _step(lib, _gemm(w13, a=hidden, c=gate_up, routing=routing, workspace=workspace, c_tmp=c_tmp,
+                         prob_m=call.m, top_k=call.top_k, block_size=call.block_size, is_ep=is_ep, stream=handle),
+              (_GEMM_A, _HIDDEN)),
+    ]
+    if activation == "silu":
+        steps.append(_step(lib, silu_and_mul_call(gate_up, activated, handle)[1]))
+    else:
+        steps.append(_step(lib, gpt_oss_swiglu_call(gate_up, w2.k, alpha, limit, activated, handle)[1],
+                           (_SWIGLU_ALPHA, _ALPHA), (_SWIGLU_LIMIT, _LIMIT)))
+    if is_ep:
+        # Rows routed to other ranks' experts are skipped by the GEMM and must
+        # add zero; zeroed only now, as ``down`` may share gate_up's storage.
+        down_view = out_view if top1 else as_device_array(down, "down")
+        zero = NativeCall("ferrum_marlin_memset_async", (down_view.ptr, 0, down_view.nbytes, handle))
+        steps.append(_step(lib, zero, *(((_MEMSET_PTR, _OUT),) if top1 else ())))
+    steps.append(_step(lib, _gemm(w2, a=activated, c=down, routing=routing, workspace=workspace, c_tmp=c_tmp,
+                                  prob_m=rows, top_k=1, block_size=call.block_size, is_ep=is_ep, stream=handle,
+                                  topk_weights=topk_weights),
+                       (_GEMM_TOPK_WEIGHTS, _TOPK_WEIGHTS), *writes_out))
+    if not top1:
+        steps.append(_step(lib, moe_sum_call(down, call.top_k, out, handle)[1], (_SUM_OUT, _OUT)))
+    return _Plan(steps=tuple(steps), scratch=(workspace, c_tmp, gemm_rows, activated) + routing)
+
+
+def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, Any], workspace: Any,
+          c_tmp: Any, prob_m: int, top_k: int, block_size: int, is_ep: bool, stream: int,
+          topk_weights: Any = None) -> NativeCall:
+    """The checked call of one fused-MoE GEMM of ``weight``'s kind;
+    ``topk_weights`` given: rows scaled by them."""
+    sorted_ids, expert_ids, count = routing
+    common = dict(
+        a=a, b=weight.qweight, c=c, scales=weight.scales, workspace=workspace, sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids, num_tokens_past_padded=count, prob_m=prob_m, prob_n=weight.n, prob_k=weight.k,
+        top_k=top_k, moe_block_size=block_size, group_size=weight.group_size, c_tmp=c_tmp,
+        topk_weights=topk_weights, mul_topk_weights=topk_weights is not None, is_ep=is_ep,
+        use_fp32_reduce=c_tmp is not None, expert_count=weight.num_experts, device=None, stream=stream, spans=None,
+    )
+    if weight.kind == "mxfp4":
+        return marlin_moe_mxfp4_bf16_call(bias=weight.bias, **common)
+    weight_type = MoeF16WeightType.E4M3 if weight.kind == "fe4m3fn" else MoeF16WeightType.U4B8
+    return marlin_moe_call(weight_type=weight_type, zero_points=weight.zero_points, **common)
+
+
 # ---- the layer ---------------------------------------------------------------------------
 
 
@@ -293,77 +525,48 @@ def fused_moe(
     The intermediates are rounded to the activation dtype between the
     kernels; ``out`` ``[M, H]`` (allocated in ``hidden``'s library when
     omitted) gets the fp32 sum of the weighted rows. Never synchronises.
+
+    Repeated calls of one signature cost little host time (module doc) when
+    the options have the built-in types (``activation`` a str,
+    ``block_size`` None or an int, ``fp32_reduce`` a bool, ``alpha`` and
+    ``limit`` floats); a weight's buffers must not be changed in place once
+    it ran (make a new weight instead).
     """
-    call = _check_call(hidden, w13, w2, topk_weights, topk_ids, activation, expert_map, block_size,
-                       fp32_reduce, alpha, limit)
-    dtype = w13.activation_dtype
+    known = _known_call(hidden, w13, w2, topk_weights, topk_ids, activation, expert_map, block_size, fp32_reduce,
+                        alpha, limit)
+    if known is None:
+        call = _check_call(hidden, w13, w2, topk_weights, topk_ids, activation, expert_map, block_size,
+                           fp32_reduce, alpha, limit)
+        signature = None
+    else:
+        call, signature = known
+    dtype = w13.activation_dtype if signature is None else signature.dtype
     out, out_view = _output(out, hidden, call, w2.n, dtype)
     if call.m == 0:
         return out
     views = [call.hidden, call.topk_weights, call.topk_ids, out_view]
-    handle = prepare_stream(stream, views + ([call.expert_map] if call.expert_map is not None else []))
-    rows, device = call.rows, call.device
-    sms = device_sm_count(device)
-    # One fp32 c_tmp serves both GEMMs (they run one after the other on the stream).
-    c_tmp_floats = max(rows * max(w13.n, w2.n), moe_c_tmp_floats(call.block_size, sms)) if fp32_reduce else 0
-    shared = scratch_for(device, handle, hidden, workspace_bytes=4 * moe_workspace_ints(sms),
-                         c_tmp_bytes=4 * c_tmp_floats)
-    sorted_capacity, blocks = align_capacity(call.m, call.top_k, call.num_experts, call.block_size)
-
-    def buffer(name: str, shape: tuple[int, ...], kind: np.dtype) -> Any:
-        return shaped(scratch_array(device, handle, hidden, f"fused_moe.{name}", math.prod(shape), kind), shape)
-
-    routing = (buffer("sorted_token_ids", (sorted_capacity,), _INT32), buffer("expert_ids", (blocks,), _INT32),
-               buffer("num_tokens_post_padded", (1,), _INT32))
-    # The gate/up output is dead once activated, so the down output reuses its storage.
-    gemm_rows = scratch_array(device, handle, hidden, "fused_moe.gemm_out", rows * max(w13.n, w2.n), dtype)
-    gate_up = shaped(gemm_rows, (rows, w13.n))
-    activated = buffer("activated", (rows, w2.k), dtype)
-    workspace = shared.workspace.array
-    c_tmp = shared.c_tmp.array if fp32_reduce else None
-    is_ep = call.expert_map is not None
-
-    moe_align_block_size(topk_ids, call.num_experts, call.block_size, expert_map, out=routing, stream=handle)
-    _gemm(w13, a=hidden, c=gate_up, routing=routing, workspace=workspace, c_tmp=c_tmp, prob_m=call.m,
-          top_k=call.top_k, block_size=call.block_size, is_ep=is_ep, stream=handle)
-    if activation == "silu":
-        silu_and_mul(gate_up, out=activated, stream=handle)
-    else:
-        gpt_oss_swiglu(gate_up, physical_d=w2.k, alpha=alpha, limit=limit, out=activated, stream=handle)
-    # With top_k = 1 each token has one row: the down GEMM writes out directly.
-    down = out if call.top_k == 1 else shaped(gemm_rows, (rows, w2.n))
-    if is_ep:
-        # Rows routed to other ranks' experts are skipped by the GEMM and must
-        # add zero; zeroed only now, as ``down`` may share gate_up's storage.
-        down_view = out_view if call.top_k == 1 else as_device_array(down, "down")
+    if call.expert_map is not None:
+        views.append(call.expert_map)
+    handle = prepare_stream(stream, views)
+    plan = None if signature is None else signature.plans.get(handle)
+    if plan is None or not _out_fits(out, out_view, call, w2.n, dtype):
+        generation = plan_generation()  # read before the plan fetches any scratch buffer
         lib = library()
-        lib.check("ferrum_marlin_memset_async",
-                  lib.ferrum_marlin_memset_async(down_view.ptr, 0, down_view.nbytes, handle))
-    _gemm(w2, a=activated, c=down, routing=routing, workspace=workspace, c_tmp=c_tmp, prob_m=rows, top_k=1,
-          block_size=call.block_size, is_ep=is_ep, stream=handle, topk_weights=topk_weights)
-    if call.top_k > 1:
-        moe_sum(down, call.top_k, out=out, stream=handle)
-    return out
-
-
-def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, Any], workspace: Any,
-          c_tmp: Any, prob_m: int, top_k: int, block_size: int, is_ep: bool, stream: int,
-          topk_weights: Any = None) -> None:
-    """One fused-MoE GEMM of ``weight``'s kind; ``topk_weights`` given: rows
-    scaled by them."""
-    sorted_ids, expert_ids, count = routing
-    common = dict(
-        a=a, b=weight.qweight, c=c, scales=weight.scales, workspace=workspace, sorted_token_ids=sorted_ids,
-        expert_ids=expert_ids, num_tokens_past_padded=count, prob_m=prob_m, prob_n=weight.n, prob_k=weight.k,
-        top_k=top_k, moe_block_size=block_size, group_size=weight.group_size, c_tmp=c_tmp,
-        topk_weights=topk_weights, mul_topk_weights=topk_weights is not None, is_ep=is_ep,
-        use_fp32_reduce=c_tmp is not None, expert_count=weight.num_experts, stream=stream,
-    )
-    if weight.kind == "mxfp4":
-        launch_marlin_moe_mxfp4_bf16(bias=weight.bias, **common)
+        plan = _plan(hidden, w13, w2, topk_weights, topk_ids, call, activation, expert_map, fp32_reduce, alpha,
+                     limit, out, out_view, handle, lib)
+        if type(w13) is MarlinMoeWeight and _plain_options(activation, block_size, fp32_reduce, alpha, limit):
+            key = _signature_key(w2, activation, block_size, fp32_reduce, call.m, call.top_k, call.expert_map)
+            kept = (plans_of(w13) or {}).get(key)
+            plans = dict(kept.plans) if kept is not None and kept.w2() is w2 and kept.lib is lib else {}
+            plans[handle] = plan
+            signature = _Signature(w2=weakref.ref(w2), lib=lib, device=call.device, block_size=call.block_size,
+                                   dtype=dtype, plans=plans)
+            keep_plan(w13, key, signature, generation)
     else:
-        weight_type = MoeF16WeightType.E4M3 if weight.kind == "fe4m3fn" else MoeF16WeightType.U4B8
-        launch_marlin_moe(weight_type=weight_type, zero_points=weight.zero_points, **common)
+        lib = signature.lib
+    plan.run(lib, (call.hidden.ptr, call.topk_ids.ptr, call.topk_weights.ptr,
+                   None if call.expert_map is None else call.expert_map.ptr, out_view.ptr, float(alpha), float(limit)))
+    return out
 
 
 # ---- routing and the layer object ----------------------------------------------------------

@@ -10,6 +10,12 @@ in the input's array library, and makes one native call on the stream, whose
 status becomes a :class:`~ferrum_ffi.status.NativeError`. Nothing
 synchronises; with every output given nothing is allocated, so the calls can
 be captured in CUDA graphs. Inputs and outputs must not overlap.
+
+The ops of a MoE layer also exist as ``*_call`` functions: the same rules,
+allocations and stream preparation, returning the
+:class:`~ferrum_ffi._native.NativeCall` instead of making it, for
+``fused_moe`` to check every step of a layer before the first native call and
+keep the validated calls.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import numpy as np
 from ._abi import FERRUM_DTYPE_BF16, FERRUM_DTYPE_F16, FERRUM_DTYPE_F32
 from ._devices import allocate, device_of, is_bfloat16, prepare_stream
 from ._interop import DeviceArray, as_device_array
-from ._native import library
+from ._native import NativeCall, library
 from .status import ArgumentTypeError
 from .validation import I32_MAX, check_array, check_int, check_shape, fail
 
@@ -148,6 +154,15 @@ def moe_align_block_size(
     :func:`align_capacity` entries unless ``out`` gives three 1-D int32 arrays
     of at least those sizes (and ``[1]``); every entry of them is written.
     """
+    out, call = align_call(topk_ids, num_experts, block_size, expert_map, out, stream)
+    call.run(library())
+    return out
+
+
+def align_call(topk_ids: Any, num_experts: int, block_size: int, expert_map: Any, out: tuple[Any, Any, Any] | None,
+               stream: Any) -> tuple[tuple[Any, Any, Any], NativeCall]:
+    """:func:`moe_align_block_size` up to its native call: the outputs and the
+    checked call (``topk_ids`` first, ``expert_map`` sixth among its arguments)."""
     entry = "moe_align_block_size"
     ids_view = as_device_array(topk_ids, "topk_ids")
     check_array(entry, "topk_ids", ids_view, _INT32, ndim=2, alignment=4)
@@ -179,16 +194,11 @@ def moe_align_block_size(
     sorted_view, expert_view, count_view = out_views
     views += out_views
     handle = prepare_stream(stream, views)
-    lib = library()
-    code = lib.ferrum_moe_align_block_size(
+    return tuple(out), NativeCall("ferrum_moe_align_block_size", (
         ids_view.ptr, num_tokens, top_k, num_experts, block_size, map_ptr,
         sorted_view.ptr, sorted_view.size, expert_view.ptr, expert_view.size, count_view.ptr,
         device, handle,
-    )
-    lib.check("ferrum_moe_align_block_size", code, {
-        "num_tokens": num_tokens, "top_k": top_k, "num_experts": num_experts, "block_size": block_size,
-    })
-    return tuple(out)
+    ), {"num_tokens": num_tokens, "top_k": top_k, "num_experts": num_experts, "block_size": block_size})
 
 
 def _align_outputs(entry: str, out: Any, device: int, minimum: tuple[int, int]) -> list[DeviceArray]:
@@ -263,6 +273,13 @@ def _rows(entry: str, view: DeviceArray) -> int:
 def silu_and_mul(x: Any, out: Any = None, *, stream: Any = None) -> Any:
     """``out[..., j] = silu(x[..., j]) * x[..., d + j]`` for ``x [..., 2d]``
     (float16 or bfloat16; fp32 math, one rounding) -> ``[..., d]``."""
+    out, call = silu_and_mul_call(x, out, stream)
+    call.run(library())
+    return out
+
+
+def silu_and_mul_call(x: Any, out: Any, stream: Any) -> tuple[Any, NativeCall]:
+    """:func:`silu_and_mul` up to its native call: the output and the checked call."""
     entry = "silu_and_mul"
     view, dtype = _input(entry, "x", x)
     width = view.shape[-1]
@@ -273,10 +290,8 @@ def silu_and_mul(x: Any, out: Any = None, *, stream: Any = None) -> Any:
     device = device_of(x, view)
     out, out_view = _output(entry, "out", out, x, view, view.shape[:-1] + (d,), view.dtype, device)
     handle = prepare_stream(stream, [view, out_view])
-    lib = library()
-    code = lib.ferrum_silu_and_mul(view.ptr, out_view.ptr, rows, d, dtype, device, handle)
-    lib.check("ferrum_silu_and_mul", code, {"rows": rows, "d": d, "dtype": _dtype_name(dtype)})
-    return out
+    return out, NativeCall("ferrum_silu_and_mul", (view.ptr, out_view.ptr, rows, d, dtype, device, handle),
+                           {"rows": rows, "d": d, "dtype": _dtype_name(dtype)})
 
 
 def _real(entry: str, name: str, value: object) -> float:
@@ -303,6 +318,15 @@ def gpt_oss_swiglu(
     ``out[..., j] = (u + 1) * g * sigmoid(alpha * g)`` for ``j < logical_d``
     and 0 up to ``physical_d`` (default ``logical_d``), the padded width the
     next GEMM reads. ``limit >= 0`` (``inf`` turns the clamps off)."""
+    out, call = gpt_oss_swiglu_call(x, physical_d, alpha, limit, out, stream)
+    call.run(library())
+    return out
+
+
+def gpt_oss_swiglu_call(x: Any, physical_d: int | None, alpha: float, limit: float, out: Any,
+                        stream: Any) -> tuple[Any, NativeCall]:
+    """:func:`gpt_oss_swiglu` up to its native call: the output and the checked
+    call (``alpha`` and ``limit``, as floats, sixth and seventh among its arguments)."""
     entry = "gpt_oss_swiglu"
     view, dtype = _input(entry, "x", x)
     width = view.shape[-1]
@@ -320,13 +344,9 @@ def gpt_oss_swiglu(
     device = device_of(x, view)
     out, out_view = _output(entry, "out", out, x, view, view.shape[:-1] + (physical_d,), view.dtype, device)
     handle = prepare_stream(stream, [view, out_view])
-    lib = library()
-    code = lib.ferrum_gpt_oss_swiglu(view.ptr, out_view.ptr, rows, logical_d, physical_d, alpha, limit, dtype,
-                                     device, handle)
-    lib.check("ferrum_gpt_oss_swiglu", code, {
-        "rows": rows, "logical_d": logical_d, "physical_d": physical_d, "dtype": _dtype_name(dtype),
-    })
-    return out
+    return out, NativeCall("ferrum_gpt_oss_swiglu", (
+        view.ptr, out_view.ptr, rows, logical_d, physical_d, alpha, limit, dtype, device, handle,
+    ), {"rows": rows, "logical_d": logical_d, "physical_d": physical_d, "dtype": _dtype_name(dtype)})
 
 
 def moe_sum(x: Any, top_k: int, out: Any = None, *, stream: Any = None) -> Any:
@@ -334,6 +354,14 @@ def moe_sum(x: Any, top_k: int, out: Any = None, *, stream: Any = None) -> Any:
     order j = 0, 1, ... in fp32: the same bits every run). ``x``: float16 or
     bfloat16 ``[tokens * top_k, d]`` (the GEMM's output rows) or
     ``[tokens, top_k, d]``; ``out``: ``[tokens, d]``."""
+    out, call = moe_sum_call(x, top_k, out, stream)
+    call.run(library())
+    return out
+
+
+def moe_sum_call(x: Any, top_k: int, out: Any, stream: Any) -> tuple[Any, NativeCall]:
+    """:func:`moe_sum` up to its native call: the output and the checked call
+    (``out`` second among its arguments)."""
     entry = "moe_sum"
     view, dtype = _input(entry, "x", x)
     top_k = _positive(entry, "top_k", top_k)
@@ -353,7 +381,5 @@ def moe_sum(x: Any, top_k: int, out: Any = None, *, stream: Any = None) -> Any:
     device = device_of(x, view)
     out, out_view = _output(entry, "out", out, x, view, (tokens, d), view.dtype, device)
     handle = prepare_stream(stream, [view, out_view])
-    lib = library()
-    code = lib.ferrum_moe_sum(view.ptr, out_view.ptr, tokens, top_k, d, dtype, device, handle)
-    lib.check("ferrum_moe_sum", code, {"tokens": tokens, "top_k": top_k, "d": d, "dtype": _dtype_name(dtype)})
-    return out
+    return out, NativeCall("ferrum_moe_sum", (view.ptr, out_view.ptr, tokens, top_k, d, dtype, device, handle),
+                           {"tokens": tokens, "top_k": top_k, "d": d, "dtype": _dtype_name(dtype)})

@@ -7,8 +7,12 @@ rejected before any native call next to its valid neighbour."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import math
+import weakref
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -185,6 +189,7 @@ def lib(monkeypatch):
         monkeypatch.setattr(module, "device_of", lambda obj, view: getattr(obj, "device_id", 0))
     monkeypatch.setattr(_scratch, "_cache", {})
     monkeypatch.setattr(_scratch, "_arrays", {})
+    monkeypatch.setattr(_scratch, "_plans", weakref.WeakKeyDictionary())
     return fake
 
 
@@ -549,3 +554,202 @@ def test_mxfp4_neighbours(lib):
     # A padded K on both projections: hidden passed padded, the SwiGLU pads I.
     ff.fused_moe(**{**inputs(kind="mxfp4"), "w13": _MX_PADDED13, "w2": _MX_PADDED2, "hidden": bf16_cai((4, 256))})
     assert lib.names().count("ferrum_moe_sum") == 4
+
+
+# ---- kept plans: a warm call is the validated call ----------------------------------------------
+
+
+class Spy:
+    """Counts the calls of a function of the layer module (and still makes them)."""
+
+    def __init__(self, monkeypatch, name: str):
+        self.count = 0
+        function = getattr(layer, name)
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return function(*args, **kwargs)
+
+        monkeypatch.setattr(layer, name, counted)
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """How often fused_moe checked its own rules, and every native call's (building a plan)."""
+    return SimpleNamespace(layer=Spy(monkeypatch, "_check_call"), plans=Spy(monkeypatch, "_plan"))
+
+
+WARM_CASES = {
+    "u4b8 top_k 2": dict(),
+    "top_k 1, expert parallel": dict(top_k=1, expert_map=8),
+    "top_k 2, expert parallel, fp32 reduce": dict(expert_map=8, fp32_reduce=True),
+    "fe4m3fn, block 16": dict(kind="fe4m3fn", block_size=16),
+    "u4 zero points": dict(kind="u4"),
+    "mxfp4 swiglu": dict(kind="mxfp4", alpha=1.25, limit=5.0),
+    "mxfp4 top_k 1": dict(kind="mxfp4", top_k=1, alpha=1.25, limit=float("inf")),
+}
+
+
+def case_args(kind: str = "u4b8", top_k: int = 2, expert_map: int | None = None, **options) -> dict:
+    """A fused_moe call of fresh arrays (new pointers) for a WARM_CASES entry."""
+    args = {**inputs(top_k=top_k, kind=kind), **options}
+    args["out"] = bf16_cai((4, MX_H)) if kind == "mxfp4" else FakeCAI((4, H), "<f2")
+    if expert_map is not None:
+        args["expert_map"] = FakeCAI((expert_map,), "<i4")
+    return args
+
+
+@pytest.mark.parametrize("case", WARM_CASES.values(), ids=WARM_CASES.keys())
+def test_a_warm_call_makes_the_calls_a_validating_call_makes(lib, validations, case):
+    ff.fused_moe(**case_args(**case), stream=3)
+    # The warm call: new arrays, and new SwiGLU options (passed per call, not part of the signature).
+    args = case_args(**{**case, "alpha": 2.5, "limit": 3.0} if case.get("kind") == "mxfp4" else case)
+    lib.calls.clear()
+    ff.fused_moe(**args, stream=3)
+    warm = list(lib.calls)
+    assert (validations.layer.count, validations.plans.count) == (1, 1)
+    _scratch._plans.clear()  # the same call again, through every rule (same scratch)
+    lib.calls.clear()
+    ff.fused_moe(**args, stream=3)
+    assert warm == lib.calls and validations.layer.count == 2
+    # The caller's pointers reached the calls, not the first call's.
+    assert ptr(args["hidden"]) in lib.calls[1][1] and ptr(args["topk_ids"]) == lib.calls[0][1][0]
+
+
+@pytest.mark.parametrize("changes, exc, message", RULES)
+def test_a_bad_argument_on_a_warm_call_raises_as_on_a_cold_one(lib, changes, exc, message):
+    ff.fused_moe(**inputs())
+    ff.fused_moe(**inputs())  # warm
+    lib.calls.clear()
+    lib.allocations.clear()
+    with pytest.raises(exc, match=message):
+        ff.fused_moe(**{**inputs(), **changes})
+    assert lib.calls == [] and lib.allocations == []
+
+
+@pytest.mark.parametrize("changes, message", MX_RULES)
+def test_a_bad_mxfp4_argument_on_a_warm_call_raises(lib, changes, message):
+    ff.fused_moe(**inputs(kind="mxfp4"))
+    lib.calls.clear()
+    with pytest.raises(ArgumentError, match=message):
+        ff.fused_moe(**{**inputs(kind="mxfp4"), **changes})
+    assert lib.calls == []
+
+
+def test_a_plan_serves_one_signature(lib, validations):
+    ff.fused_moe(**inputs(), stream=5)
+    ff.fused_moe(**inputs(), stream=5)
+    assert (validations.layer.count, validations.plans.count) == (1, 1)
+    # Another stream: the layer's rules hold, the calls are checked again on its own scratch.
+    ff.fused_moe(**inputs(), stream=6)
+    assert (validations.layer.count, validations.plans.count) == (1, 2)
+    assert lib.names()[-6] == "memset" and lib.args(GEMM, -1)[STREAM] == 6
+    ff.fused_moe(**inputs(), stream=5)
+    ff.fused_moe(**inputs(), stream=6)
+    assert (validations.layer.count, validations.plans.count) == (1, 2)
+    # Any other signature goes through every rule, then is warm in turn (from
+    # its third call when the first grew the scratch: that drops every plan).
+    for changes in (dict(hidden=FakeCAI((3, H), "<f2"), topk_ids=FakeCAI((3, 2), "<i4"),
+                         topk_weights=FakeCAI((3, 2), "<f4")),  # M
+                    dict(topk_ids=FakeCAI((4, 3), "<i4"), topk_weights=FakeCAI((4, 3), "<f4")),  # top_k
+                    dict(expert_map=FakeCAI((8,), "<i4")), dict(expert_map=FakeCAI((16,), "<i4")),
+                    dict(block_size=16), dict(fp32_reduce=True), dict(w13=W13["u4"])):
+        before = validations.layer.count
+        ff.fused_moe(**{**inputs(), **changes}, stream=5)
+        assert validations.layer.count == before + 1, changes
+        ff.fused_moe(**{**inputs(), **changes}, stream=5)
+        before = validations.layer.count
+        ff.fused_moe(**{**inputs(), **changes}, stream=5)
+        assert validations.layer.count == before, changes
+
+
+def test_other_weight_objects_or_option_types_are_not_the_same_signature(lib, validations):
+    ff.fused_moe(**inputs())
+    copy = dataclasses.replace(W13["u4b8"])  # the same buffers, another weight
+    ff.fused_moe(**{**inputs(), "w13": copy})
+    ff.fused_moe(**{**inputs(), "w2": dataclasses.replace(W2["u4b8"])})
+    assert validations.layer.count == 3
+    # Options the rules accept but a signature is not kept for: checked in full every time.
+    for options in (dict(alpha=np.float32(1.5)), dict(block_size=np.int64(8)), dict(fp32_reduce=np.True_),
+                    dict(limit=7)):
+        before = validations.layer.count
+        ff.fused_moe(**inputs(), **options)
+        ff.fused_moe(**inputs(), **options)
+        assert validations.layer.count == before + 2, options
+
+
+def test_a_w2_that_only_shares_a_key_is_not_the_same_signature(lib, validations, monkeypatch):
+    # A key holds w2's id, which a new object may reuse once w2 is gone: every id collides here.
+    monkeypatch.setattr(layer, "id", lambda obj: 1, raising=False)
+    ff.fused_moe(**inputs())
+    other = weight("u4b8", H, I)
+    ff.fused_moe(**{**inputs(), "w2": other})
+    assert validations.layer.count == 2 and lib.args(GEMM, -1)[B] == ptr(other.qweight)
+
+
+def test_a_plan_calls_the_library_it_was_built_for(lib, monkeypatch):
+    ff.fused_moe(**inputs())
+    ff.fused_moe(**inputs())
+    other = LayerFakeLibrary()
+    for module in (moe, moe_ops, _scratch, _devices, layer):
+        monkeypatch.setattr(module, "library", lambda: other)
+    ff.fused_moe(**inputs())
+    assert other.names()[-5:] == ["ferrum_moe_align_block_size", GEMM, "ferrum_silu_and_mul", GEMM,
+                                  "ferrum_moe_sum"]
+
+
+def test_growing_or_releasing_the_scratch_drops_the_plans(lib, validations):
+    w13 = W13["u4b8"]
+    ff.fused_moe(**inputs(m=4), stream=5)
+    small = scratch_pointers(lib)
+    assert _scratch.plans_of(w13) is not None
+    ff.fused_moe(**inputs(m=64), stream=5)  # grows the buffers the m=4 plan names
+    assert _scratch.plans_of(w13) is None
+    ff.fused_moe(**inputs(m=4), stream=5)
+    assert validations.layer.count == 3 and scratch_pointers(lib) != small  # the grown buffers
+    grown = scratch_pointers(lib)
+    ff.fused_moe(**inputs(m=4), stream=5)
+    assert validations.layer.count == 3 and scratch_pointers(lib) == grown
+    ff.release_scratch()
+    assert _scratch.plans_of(w13) is None
+    lib.calls.clear()
+    ff.fused_moe(**inputs(m=4), stream=5)
+    assert validations.layer.count == 4 and lib.names()[0] == "memset"  # a new workspace, zeroed
+
+
+def test_a_plan_is_dropped_with_its_weight(lib):
+    w13 = weight("u4b8", 2 * I, H)
+    ff.fused_moe(**{**inputs(), "w13": w13})
+    assert _scratch.plans_of(w13) is not None
+    owner = weakref.ref(w13)
+    del w13
+    gc.collect()
+    assert owner() is None and len(_scratch._plans) == 0
+
+
+def test_a_warm_call_waits_for_the_callers_producer_streams(lib, monkeypatch):
+    waits = []
+    monkeypatch.setattr(lib, "ferrum_marlin_stream_wait", lambda consumer, producer: waits.append(producer) or 0)
+    ff.fused_moe(**inputs(), stream=5)
+    args = inputs()
+    args["topk_weights"].__cuda_array_interface__["stream"] = 9  # produced on stream 9
+    waits.clear()
+    ff.fused_moe(**args, stream=5)
+    assert waits == [9]
+
+
+def test_a_warm_call_allocates_an_omitted_out_on_the_device(lib):
+    ff.fused_moe(**inputs())
+    allocated = len(lib.allocations)
+    out = ff.fused_moe(**inputs())
+    assert len(lib.allocations) == allocated + 1 and lib.args("ferrum_moe_sum", -1)[1] == ptr(out)
+
+
+def test_a_warm_call_checks_an_allocated_out_as_the_launchers_do(lib, monkeypatch):
+    ff.fused_moe(**inputs())
+    ff.fused_moe(**inputs())
+    lib.calls.clear()
+    monkeypatch.setattr(layer, "allocate", lambda *args, **kwargs: FakeCAI((4, H), "<f2", readonly=True))
+    with pytest.raises(ArgumentError, match="moe_sum: out is read-only"):
+        ff.fused_moe(**inputs())
+    assert lib.calls == []

@@ -8,6 +8,7 @@ float64 layer reference without a GPU."""
 from __future__ import annotations
 
 import importlib
+import weakref
 
 import numpy as np
 import pytest
@@ -37,6 +38,7 @@ def lib(monkeypatch):
         monkeypatch.setattr(module, "device_of", lambda obj, view: 0)
     monkeypatch.setattr(_scratch, "_cache", {})
     monkeypatch.setattr(_scratch, "_arrays", {})
+    monkeypatch.setattr(_scratch, "_plans", weakref.WeakKeyDictionary())
     return fake
 
 
@@ -154,3 +156,27 @@ def test_the_layer_object_from_logits(lib):
     got = obj(host_cai(x), host_cai(logits)).array.astype(np.float64)
     weights, ids = moe_reference.topk_softmax(logits, 2, renormalize=False)
     assert_matches(got, moe_layer.reference(x, weights.astype(np.float32), ids))
+
+
+@pytest.mark.parametrize("kind, top_k, expert_parallel", [("u4b8", 2, False), ("u4b8", 1, True), ("fe4m3fn", 3, True),
+                                                          ("mxfp4", 2, False), ("mxfp4", 1, True)])
+def test_warm_calls_compute_with_their_own_arrays_and_options(lib, monkeypatch, kind, top_k, expert_parallel):
+    # The same signature three times, other data and options each time: the
+    # first call keeps its plan, the others run it.
+    checks = []
+    check_call = layer._check_call
+    monkeypatch.setattr(layer, "_check_call", lambda *args: checks.append(args) or check_call(*args))
+    moe_layer = Layer(lib, kind)
+    experts, mapping = E, None
+    if expert_parallel:  # this rank's E experts of 2E
+        experts, mapping = 2 * E, np.full(2 * E, -1, dtype=np.int32)
+        mapping[1::2] = np.arange(E, dtype=np.int32)
+    for seed, (alpha, limit) in enumerate([(1.702, 7.0), (1.0, 3.0), (2.5, float("inf"))]):
+        x, weights, ids = moe_layer.inputs(6, top_k, experts=experts, seed=seed)
+        out = host_cai(np.full((6, moe_layer.hidden), np.nan, dtype=moe_layer.dtype))
+        ff.fused_moe(host_cai(x), moe_layer.w13, moe_layer.w2, host_cai(weights), host_cai(ids),
+                     activation=moe_layer.activation, expert_map=None if mapping is None else host_cai(mapping),
+                     alpha=alpha, limit=limit, out=out)
+        expected = moe_layer.reference(x, weights, ids, expert_map=mapping, alpha=alpha, limit=limit)
+        assert_matches(out.array.astype(np.float64), expected)
+    assert len(checks) == 1
