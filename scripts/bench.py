@@ -103,12 +103,17 @@ TYPES = {
     "bf16-u8b128": ("bfloat16", "U8B128", -1),
     "f16-fe4m3fn": ("float16", "FE4M3FN", -1),
     "bf16-fe4m3fn": ("bfloat16", "FE4M3FN", -1),
+    # act-order (desc_act, K not sharded): the same weight behind a gather of x
+    "f16-u4b8-act": ("float16", "U4B8", 128, True),
+    "bf16-u4b8-act": ("bfloat16", "U4B8", 128, True),
 }
 
 
-def random_prepared(ff, rng, k: int, n: int, dtype_name: str, b_type_name: str, group: int):
+def random_prepared(ff, rng, k: int, n: int, dtype_name: str, b_type_name: str, group: int,
+                    act_order: bool = False):
     """A weight of random codes straight in the Marlin layout (quantising a
-    28672 x 8192 matrix on the host would dominate the run)."""
+    28672 x 8192 matrix on the host would dominate the run); ``act_order``
+    adds a random row permutation (the gather of x) with the sorted g_idx."""
     import ml_dtypes
 
     from ferrum_ffi.formats import PreparedLinear
@@ -124,8 +129,12 @@ def random_prepared(ff, rng, k: int, n: int, dtype_name: str, b_type_name: str, 
     zeros = None
     if b_type_name == "U4":
         zeros = rng.integers(0, 2**32, size=(groups, n // 8), dtype=np.uint64).astype(np.uint32).view(np.int32)
+    g_idx = perm = None
+    if act_order:
+        g_idx = (np.arange(k) // group).astype(np.int32)
+        perm = rng.permutation(k).astype(np.int32)
     return PreparedLinear(b=words.view(np.int32), scales=scales, k=k, n=n, group_size=group, b_type=b_type,
-                          dtype=dtype, zero_points=zeros)
+                          dtype=dtype, zero_points=zeros, g_idx=g_idx, perm=perm)
 
 
 def bench_types(cp, ff, timer, k: int, n: int, m_values, repeat: int, read_kernel, sms: int, types):
@@ -136,8 +145,9 @@ def bench_types(cp, ff, timer, k: int, n: int, m_values, repeat: int, read_kerne
     rows = []
     read_cache: dict[int, float] = {}
     for name in types:
-        dtype_name, b_type_name, group = TYPES[name]
-        weight = ff.MarlinLinearWeight.from_prepared(random_prepared(ff, rng, k, n, dtype_name, b_type_name, group))
+        dtype_name, b_type_name, group, *act_order = TYPES[name]
+        weight = ff.MarlinLinearWeight.from_prepared(
+            random_prepared(ff, rng, k, n, dtype_name, b_type_name, group, bool(act_order)))
         nbytes = weight.b.nbytes + weight.scales.nbytes + (0 if weight.zero_points is None else weight.zero_points.nbytes)
         if nbytes not in read_cache:
             n16 = nbytes // 16
