@@ -2,6 +2,8 @@
 
 #include "act_order.h"
 
+#include "../core/ptx.cuh"
+
 namespace ferrum::dense {
 
 namespace {
@@ -13,6 +15,9 @@ constexpr int kGatherThreads = 256;
 // cache lines.
 __global__ void __launch_bounds__(kGatherThreads) gather_kernel(const uint16_t* a, int lda, const int* perm,
                                                                 uint16_t* out, int k) {
+  // The GEMM after this kernel may start its weight fetches now (it waits for
+  // this grid's writes before it reads them).
+  ptx::griddep_launch_dependents();
   const int row = blockIdx.y;
   const uint16_t* src = a + static_cast<size_t>(row) * lda;
   uint16_t* dst = out + static_cast<size_t>(row) * k;

@@ -60,6 +60,10 @@ struct Args {
   // Shared columns are summed in fp32 through c_tmp in a fixed order
   // (deterministic) instead of by fp16/bf16 atomics into C.
   bool fp32_reduce;
+  // A is written by the kernel just before (the act-order gather), which this
+  // one may overlap (programmatic dependent launch): the first weight stages
+  // are pulled into L2 before waiting for it.
+  bool a_after_previous_kernel;
   Routing route;
 };
 
@@ -87,6 +91,7 @@ struct Launch {
   int sms;
   int dev;
   cudaStream_t stream;
+  bool overlap_previous = false;  // programmatic dependent launch (sm_90+)
 };
 
 // Blocks per multiprocessor a launch may use at most (the lock and c_tmp

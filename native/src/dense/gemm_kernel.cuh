@@ -714,6 +714,16 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   };
 
   // ---- the pipeline ------------------------------------------------------------
+  if (p.a_after_previous_kernel) {
+    // The weights do not depend on the previous kernel: fetch the first stages
+    // of this column into L2 while it finishes, then wait for its A.
+    const int ahead = min(min(T::stages - 1, count), k_tiles - f_kt);
+    for (int s = 0; s < ahead; ++s) {
+#pragma unroll
+      for (int i = 0; i < kBCopies; ++i) ptx::prefetch_l2(pb[i] + s * b_step);
+    }
+    ptx::griddep_wait();
+  }
 #pragma unroll
   for (int i = 0; i < T::stages - 1; ++i) {
     if (i < count) load_stage(i);
@@ -782,6 +792,21 @@ cudaError_t launch_kernel(Args& args, const Launch& launch, int* stage) {
     if (grid > total) grid = total;
     args.iters = (total + grid - 1) / grid;
     grid = (total + args.iters - 1) / args.iters;
+  }
+  if (launch.overlap_previous) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = T::smem_bytes;
+    config.stream = launch.stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
+    if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
+    return err;
   }
   kernel<<<grid, kThreads, T::smem_bytes, launch.stream>>>(args);
   const cudaError_t err = cudaGetLastError();

@@ -224,8 +224,13 @@ int mm(const FerrumMarlinLaunch* launch) {
   args.slabs = static_cast<int>(slabs);
   args.lock_by_range = true;
   args.fp32_reduce = (l.flags & FERRUM_MM_FLAG_FP32_REDUCE) != 0;
+  // Act-order: the GEMM overlaps the gather's launch and run with its weight
+  // fetches (programmatic dependent launch, Hopper).
+  const bool overlap = (l.flags & FERRUM_MM_FLAG_ACT_ORDER) != 0 && facts.hopper;
+  args.a_after_previous_kernel = (l.flags & FERRUM_MM_FLAG_ACT_ORDER) != 0;
   int stage = FERRUM_STAGE_KERNEL_LAUNCH;
-  const cudaError_t err = launch_gemm(a_type, w_type, m8, nc, args, Launch{facts.sms, l.device, stream}, &stage);
+  const cudaError_t err =
+      launch_gemm(a_type, w_type, m8, nc, args, Launch{facts.sms, l.device, stream, overlap}, &stage);
   if (err != cudaSuccess) {
     char what[96];
     snprintf(what, sizeof(what), "ferrum_marlin_mm: launch (%s activations, b_type %d)", type_name(l.a_type),
