@@ -27,9 +27,11 @@
 #include "../core/ptx.cuh"
 #include "../core/tile.cuh"
 #include "../core/wgmma.cuh"
+#include "column_epilogue.cuh"
 #include "ferrum_marlin.h"
 #include "gemm.h"
 #include "gemm_tiles.h"
+#include "launch_resident.cuh"
 
 namespace ferrum::dense {
 
@@ -525,91 +527,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   };
 
   // ---- end of a column: block reduction, then the global one ---------------
-  // Stores (or atomically adds) the block's rows of column tile c of `slab`
-  // from sh_red, with channelwise scales, and the bias when it stores.
-  auto store_rows = [&](int slab, long long e, int c, bool atomic) {
-    constexpr int vec_per_row = T::n_tile / 8;
-    const uint32_t* const s_pairs =
-        reinterpret_cast<const uint32_t*>(static_cast<const char*>(p.s) + e * p.route.s_expert_bytes);
-    const char* const bias = p.bias == nullptr ? nullptr
-                                               : static_cast<const char*>(p.bias) + e * p.route.bias_expert_bytes;
-    [[maybe_unused]] int first_row = 0, rows_in = 0;
-    if constexpr (R == Route::Bucketed) {
-      first_row = __ldg(p.route.row_offsets + e);
-      rows_in = min(__ldg(p.route.row_counts + e), T::m_rows);
-    }
-    for (int v = tid; v < T::m_rows * vec_per_row; v += kThreads) {
-      const int mr = v / vec_per_row;
-      const int nv = v - mr * vec_per_row;
-      int grow;
-      float row_weight = 1.f;
-      if constexpr (R == Route::Dense) {
-        grow = slab * T::m_rows + mr;
-        if (grow >= p.m) continue;
-      } else if constexpr (R == Route::Sorted) {
-        const int idx = slab * T::m_rows + mr;
-        grow = idx < used_ids ? __ldg(p.route.sorted_ids + idx) : -1;
-        if (static_cast<unsigned>(grow) >= static_cast<unsigned>(p.route.rows)) continue;
-        if (p.route.row_weights != nullptr) row_weight = __ldg(p.route.row_weights + grow);
-      } else {
-        if (mr >= rows_in) continue;
-        grow = first_row + mr;
-      }
-      const float4* src = reinterpret_cast<const float4*>(sh_red + mr * T::red_stride + nv * 8);
-      const float4 lo = src[0];
-      const float4 hi = src[1];
-      float vals[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      const int ncol = c * T::n_tile + nv * 8;
-      if (ncol >= p.n) continue;  // a partial last column tile
-      if (!grouped) {
-        // Channelwise scales are permuted per 32 columns so that column
-        // 8a + e of a chunk sits at 8*(e/2) + 2a + e%2.
-        const uint32_t* s2 = s_pairs + ((ncol & ~31) + 2 * ((ncol >> 3) & 3)) / 2;
-#pragma unroll
-        for (int e2 = 0; e2 < 4; ++e2) {
-          const float2 s = N::to_float2(s2[4 * e2]);
-          vals[2 * e2] *= s.x;
-          vals[2 * e2 + 1] *= s.y;
-        }
-      }
-      if (!atomic && bias != nullptr) {
-        uint32_t bw[4];
-        if (p.route.bias_p32) {
-          // Permuted like the channelwise scales (see above).
-          const uint32_t* b2 = reinterpret_cast<const uint32_t*>(bias) + ((ncol & ~31) + 2 * ((ncol >> 3) & 3)) / 2;
-#pragma unroll
-          for (int e2 = 0; e2 < 4; ++e2) bw[e2] = b2[4 * e2];
-        } else {
-          const int4 bv = *reinterpret_cast<const int4*>(bias + 2 * static_cast<size_t>(ncol));
-          bw[0] = bv.x;
-          bw[1] = bv.y;
-          bw[2] = bv.z;
-          bw[3] = bv.w;
-        }
-#pragma unroll
-        for (int e2 = 0; e2 < 4; ++e2) {
-          const float2 b = N::to_float2(bw[e2]);
-          vals[2 * e2] += b.x;
-          vals[2 * e2 + 1] += b.y;
-        }
-      }
-      if constexpr (R == Route::Sorted) {
-#pragma unroll
-        for (int e2 = 0; e2 < 8; ++e2) vals[e2] *= row_weight;
-      }
-      uint32_t packed[4];
-#pragma unroll
-      for (int e2 = 0; e2 < 4; ++e2) packed[e2] = N::from_floats(vals[2 * e2], vals[2 * e2 + 1]);
-      char* const dst = static_cast<char*>(p.c) + 2 * (static_cast<size_t>(grow) * p.n + ncol);
-      if (!atomic) {
-        __stcg(reinterpret_cast<int4*>(dst), make_int4(packed[0], packed[1], packed[2], packed[3]));
-      } else {
-#pragma unroll
-        for (int e2 = 0; e2 < 4; ++e2) N::atomic_add(dst + 4 * e2, packed[e2]);
-      }
-    }
-  };
-
+  using Epilogue = ColumnEpilogue<T::m_rows, T::n_tile, kThreads, F, R>;
+  static_assert(Epilogue::kRedStride == T::red_stride, "one reduction tile layout");
   auto finish_column = [&](int u, bool dead) {
     if (dead) {  // a skipped slab: nothing computed, nothing stored, no lock touched
       zero_acc();
@@ -619,11 +538,6 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     const int slab = col / n_tiles;
     const int c = col - slab * n_tiles;
     const long long e = expert_of(slab);
-    const int first_unit = col * k_tiles;
-    const int r_lo = first_unit / iters;
-    const int r_hi = (first_unit + k_tiles - 1) / iters;
-    const int contributors = r_hi - r_lo + 1;
-    const int order = r_hi - range;  // 0: this block's part is ready first
 
     // Accumulator (t, j, e) of lane (g, q) is C^T[n = 16t + g + 8(e/2)][m = 8j + 2q + e%2].
 #pragma unroll 1
@@ -643,73 +557,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       }
       __syncthreads();
     }
-
-    // A range is the lowest contributor of at most one shared column (its
-    // last one), so r_lo names the column's lock uniquely within the launch.
-    int* const lock = R == Route::Bucketed ? p.locks + e * p.route.locks_per_expert + c
-                                           : p.locks + (p.lock_by_range ? r_lo : col);
-    const bool shared_column = contributors > 1;
-    if (p.fp32_reduce && shared_column) {
-      // Slot 2r holds range r's first column, 2r + 1 its last one.
-      constexpr int kSlotFloats = T::m_rows * T::n_tile;
-      constexpr int vec4_per_row = T::n_tile / 4;
-      auto slot_of = [&](int r) {
-        const int which = (r * iters) / k_tiles == col ? 0 : 1;
-        return reinterpret_cast<float4*>(p.c_tmp + static_cast<size_t>(2 * r + which) * kSlotFloats);
-      };
-      const int rows_here = R == Route::Dense ? min(T::m_rows, p.m - slab * T::m_rows) : T::m_rows;
-      float4* const mine = slot_of(range);
-      for (int v = tid; v < rows_here * vec4_per_row; v += kThreads) {
-        const int mr = v / vec4_per_row;
-        const int nv = v - mr * vec4_per_row;
-        __stcg(mine + v, *reinterpret_cast<const float4*>(sh_red + mr * T::red_stride + nv * 4));
-      }
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) {
-        sh_last = atomicAdd(lock, 1) == contributors - 1;
-        if (sh_last) atomicExch(lock, 0);
-      }
-      __syncthreads();
-      if (sh_last) {
-        __threadfence();
-        for (int v = tid; v < rows_here * vec4_per_row; v += kThreads) {
-          float4 sum = __ldcg(slot_of(r_lo) + v);
-          for (int r = r_lo + 1; r <= r_hi; ++r) {
-            const float4 x = __ldcg(slot_of(r) + v);
-            sum.x += x.x;
-            sum.y += x.y;
-            sum.z += x.z;
-            sum.w += x.w;
-          }
-          const int mr = v / vec4_per_row;
-          const int nv = v - mr * vec4_per_row;
-          *reinterpret_cast<float4*>(sh_red + mr * T::red_stride + nv * 4) = sum;
-        }
-        __syncthreads();
-        store_rows(slab, e, c, false);
-      }
-      __syncthreads();
-    } else {
-      // The first partial (ready earliest, see the top of the file) is
-      // stored, the others are added atomically once it is in place. The lock
-      // counts finished contributors; the last one resets it to zero.
-      const bool atomic = shared_column && order > 0;
-      if (atomic) {
-        if (tid == 0) {
-          while (ptx::ld_acquire_gpu(lock) < 1) __nanosleep(32);
-        }
-        __syncthreads();
-      }
-      store_rows(slab, e, c, atomic);
-      if (shared_column) {
-        __threadfence();
-        __syncthreads();
-        if (tid == 0 && atomicAdd(lock, 1) == contributors - 1) atomicExch(lock, 0);
-      } else {
-        __syncthreads();
-      }
-    }
+    Epilogue::reduce_and_store(p, sh_red, sh_last, tid, [] { __syncthreads(); }, used_ids, slab, e, c, col, range,
+                               iters, k_tiles);
     zero_acc();
   };
 
@@ -760,58 +609,9 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 
 template <class T, class F, bool PerRowGroups, Route R>
 cudaError_t launch_kernel(Args& args, const Launch& launch, int* stage) {
-  constexpr auto kernel = gemm_kernel<T, F, PerRowGroups, R>;
-  // Attributes live in the device's context: set them, and learn how many
-  // blocks can be resident, once per device (a benign race repeats the work).
-  static int resident[kMaxDevices] = {};
-  const int dev = launch.dev;
-  int blocks = (dev >= 0 && dev < kMaxDevices) ? resident[dev] : 0;
-  if (blocks == 0) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(T::smem_bytes));
-    if (err != cudaSuccess) {
-      *stage = FERRUM_STAGE_FUNCTION_ATTRIBUTE;
-      return err;
-    }
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, T::smem_bytes);
-    if (err != cudaSuccess || blocks < 1) {
-      *stage = FERRUM_STAGE_BLOCKS_PER_SM;
-      return err != cudaSuccess ? err : cudaErrorLaunchOutOfResources;
-    }
-    blocks = blocks < T::min_blocks ? blocks : T::min_blocks;
-    static_assert(T::min_blocks <= kMaxBlocksPerSm, "lock and c_tmp budgets assume two blocks per SM");
-    if (dev >= 0 && dev < kMaxDevices) resident[dev] = blocks;
-  }
-  // Every block must be resident at once: blocks wait on their predecessor.
-  int grid = launch.sms * blocks;
-  if constexpr (R != Route::Sorted) {
-    // Sorted launches learn their work on the device and split it there.
-    const int n_tiles = (args.n + T::n_tile - 1) / T::n_tile;  // as the kernel counts them
-    const int k_tiles = (args.k + T::k_tile - 1) / T::k_tile;
-    const int total = args.slabs * n_tiles * k_tiles;
-    if (grid > total) grid = total;
-    args.iters = (total + grid - 1) / grid;
-    grid = (total + args.iters - 1) / args.iters;
-  }
-  if (launch.overlap_previous) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = T::smem_bytes;
-    config.stream = launch.stream;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
-    if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
-    return err;
-  }
-  kernel<<<grid, kThreads, T::smem_bytes, launch.stream>>>(args);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
-  return err;
+  static_assert(T::min_blocks <= kMaxBlocksPerSm, "lock and c_tmp budgets assume two blocks per SM");
+  return launch_resident<gemm_kernel<T, F, PerRowGroups, R>, R>(kThreads, T::smem_bytes, T::min_blocks, T::n_tile,
+                                                                T::k_tile, args, launch, stage);
 }
 
 template <class T, class F, Route R = Route::Dense>

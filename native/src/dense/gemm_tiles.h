@@ -60,5 +60,9 @@ cudaError_t launch_slab(NConfig nc, Args& args, const Launch& launch, int* stage
 // The routed (MoE) kernels, likewise one generated file per format and height.
 template <AType A, WType W, int M8, Route R>
 cudaError_t launch_routed(NConfig nc, Args& args, const Launch& launch, int* stage);
+// The warp-specialised Hopper kernels of one format (tokens: 64 or 128 rows
+// per slab), one generated file per format.
+template <AType A, WType W>
+cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage);
 
 }  // namespace ferrum::dense

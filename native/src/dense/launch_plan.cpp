@@ -4,6 +4,7 @@
 
 #include "../status.h"
 #include "gemm_tiles.h"
+#include "wide_tile.h"
 
 namespace ferrum::dense {
 
@@ -37,9 +38,17 @@ TileInfo info_m8(int m8) {
   }
 }
 
+template <int Tokens, int Bits>
+TileInfo info_wide() {
+  using W = WideTile<Tokens, Bits>;
+  return TileInfo{W::m_rows, W::n_tile, W::k_tile, W::smem_bytes};
+}
+
 template <int Bits>
 TileInfo info_bits(int m8, NConfig nc) {
   switch (nc) {
+    case NConfig::WIDE_T64: return info_wide<64, Bits>();
+    case NConfig::WIDE_T128: return info_wide<128, Bits>();
     case NConfig::N128_K128: return info_m8<NConfig::N128_K128, Bits>(m8);
     case NConfig::N256_K64: return info_m8<NConfig::N256_K64, Bits>(m8);
     case NConfig::N256_K128: return info_m8<NConfig::N256_K128, Bits>(m8);
@@ -51,6 +60,8 @@ TileInfo info_bits(int m8, NConfig nc) {
 
 template <AType A, WType W>
 cudaError_t launch_format(int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
+  if (nc == NConfig::WIDE_T64 || nc == NConfig::WIDE_T128)
+    return launch_wide<A, W>(nc == NConfig::WIDE_T128 ? 128 : 64, args, launch, stage);
   switch (m8) {
     case 1: return launch_slab<A, W, 1>(nc, args, launch, stage);
     case 2: return launch_slab<A, W, 2>(nc, args, launch, stage);
@@ -89,7 +100,10 @@ TileInfo tile_info(int m8, NConfig nc, int bits) {
 // stages; otherwise 128x128 tiles keep many columns and short k runs. 64-row
 // slabs prefer 256 columns per tile, which halves the activation traffic per
 // weight byte.
-NConfig auto_config(int m8, int n, int k, int sms, int bits, bool hopper) {
+NConfig auto_config(int m, int n, int k, int sms, int bits, bool hopper) {
+  const int m8 = slab_m8(m);
+  if (hopper && m > kWideMinRows && n % 256 == 0 && k % 64 == 0)
+    return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
   if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
   if (bits == 4 && m8 <= kDeepTileMaxM8 && n % 256 == 0 &&
       static_cast<int64_t>(n / 256) * (k / 128) >= static_cast<int64_t>(16) * sms)

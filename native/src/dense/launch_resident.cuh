@@ -1,0 +1,69 @@
+// Launching a stripes kernel (see gemm_kernel.cuh): every block must be
+// resident at once, because blocks wait on their predecessor's partial sums,
+// so the grid is the number of blocks the device can hold (at most
+// max_blocks per SM) and the work units are split evenly over it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../core/tile.cuh"
+#include "ferrum_marlin.h"
+#include "gemm.h"
+
+namespace ferrum::dense {
+
+template <auto Kernel, Route R>
+cudaError_t launch_resident(int threads, size_t smem_bytes, int max_blocks, int n_tile, int k_tile, Args& args,
+                            const Launch& launch, int* stage) {
+  // Attributes live in the device's context: set them, and learn how many
+  // blocks can be resident, once per device (a benign race repeats the work).
+  static int resident[kMaxDevices] = {};
+  const int dev = launch.dev;
+  int blocks = (dev >= 0 && dev < kMaxDevices) ? resident[dev] : 0;
+  if (blocks == 0) {
+    cudaError_t err =
+        cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
+    if (err != cudaSuccess) {
+      *stage = FERRUM_STAGE_FUNCTION_ATTRIBUTE;
+      return err;
+    }
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem_bytes);
+    if (err != cudaSuccess || blocks < 1) {
+      *stage = FERRUM_STAGE_BLOCKS_PER_SM;
+      return err != cudaSuccess ? err : cudaErrorLaunchOutOfResources;
+    }
+    blocks = blocks < max_blocks ? blocks : max_blocks;
+    if (dev >= 0 && dev < kMaxDevices) resident[dev] = blocks;
+  }
+  int grid = launch.sms * blocks;
+  if constexpr (R != Route::Sorted) {
+    // Sorted launches learn their work on the device and split it there.
+    const int n_tiles = (args.n + n_tile - 1) / n_tile;  // as the kernel counts them
+    const int k_tiles = (args.k + k_tile - 1) / k_tile;
+    const int total = args.slabs * n_tiles * k_tiles;
+    if (grid > total) grid = total;
+    args.iters = (total + grid - 1) / grid;
+    grid = (total + args.iters - 1) / args.iters;
+  }
+  if (launch.overlap_previous) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem_bytes;
+    config.stream = launch.stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    const cudaError_t err = cudaLaunchKernelEx(&config, Kernel, args);
+    if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
+    return err;
+  }
+  Kernel<<<grid, threads, smem_bytes, launch.stream>>>(args);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
+  return err;
+}
+
+}  // namespace ferrum::dense

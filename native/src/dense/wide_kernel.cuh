@@ -1,0 +1,298 @@
+// Dense Marlin GEMM for tall activation slabs on Hopper (sm_90a): the
+// compute-bound regime, where the 8-warp kernel of gemm_kernel.cuh leaves the
+// tensor cores idle while it dequantises and waits.
+//
+// Same problem, weight layout, formats (core/formats.cuh), work split
+// ("stripes", see gemm_kernel.cuh) and column epilogue; what changes is who
+// does what. Warp specialisation: warpgroup 0 only copies (cp.async into a
+// ring of pipeline slots, each slot's "full" mbarrier completes when its
+// copies land); warpgroups 1 and 2 only compute. Each consumer warpgroup owns
+// two 64-column chunks of the 256-column tile: per 16-deep k step it
+// dequantises its two weight fragments and issues two asynchronous warpgroup
+// MMAs (m64 x n{Tokens} x k16, weights from registers, activations from the
+// 128-byte-swizzled slot), then waits only for the *previous* step's MMAs, so
+// dequantisation of step k+1 overlaps the tensor cores' work on step k. A slot
+// is handed back ("empty") once the MMAs that read it have retired.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "../core/formats.cuh"
+#include "../core/mbarrier.cuh"
+#include "../core/ptx.cuh"
+#include "../core/wgmma.cuh"
+#include "column_epilogue.cuh"
+#include "gemm.h"
+#include "gemm_tiles.h"
+#include "launch_resident.cuh"
+#include "wide_tile.h"
+
+namespace ferrum::dense {
+
+template <class W, class F>
+__global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
+#ifdef FERRUM_WGMMA_AVAILABLE
+  constexpr bool kBf16 = F::bf16;
+  constexpr int kStages = W::stages;
+  // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
+  extern __shared__ __align__(1024) int4 smem[];
+  int4* const sh_a = smem;
+  int4* const sh_b = sh_a + kStages * W::a_stage;
+  int4* const sh_s = sh_b + kStages * W::b_stage;
+  int4* const sh_z = sh_s + kStages * W::s_stage;
+  float* const sh_red = reinterpret_cast<float*>(sh_z + kStages * W::z_stage);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(sh_red + W::m_rows * W::red_stride);
+  uint64_t* const empty = full + kStages;
+  int& sh_last = *reinterpret_cast<int*>(empty + kStages);
+
+  const int tid = threadIdx.x;
+  const int n_tiles = p.n / W::n_tile;
+  const int k_tiles = p.k / W::k_tile;
+  const int total = p.slabs * n_tiles * k_tiles;
+  const int range = gridDim.x - 1 - blockIdx.x;
+  const int u_begin = range * p.iters;
+  const int count = min(p.iters, total - u_begin);
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar::init(full + s, W::producers);
+      mbar::init(empty + s, W::consumers);
+    }
+  }
+  __syncthreads();
+  if (count <= 0) return;
+  if (p.a_after_previous_kernel) ptx::griddep_wait();  // A is the act-order gather's output
+  const bool grouped = p.group_shift >= 0;
+  const int z_shift = grouped ? p.group_shift : 30;  // zero points: one row when channelwise
+
+  // The role as a warp-uniform value (a shuffle from lane 0), so that the
+  // compiler sees the consumers' MMAs on a non-divergent path and does not
+  // serialise them.
+  const int role = __shfl_sync(0xffffffffu, tid / W::producers, 0);
+  if (role == 0) {
+    // ---- producer warpgroup: global -> shared ---------------------------------
+    wgmma::release_registers<W::producer_regs>();
+    const int4* const gA = static_cast<const int4*>(p.a);
+    const int4* const gB = static_cast<const int4*>(p.b);
+    const int4* const gS = static_cast<const int4*>(p.s);
+    const int4* const gZ = static_cast<const int4*>(p.z);
+    constexpr int kBRowInt4 = W::n_chunks * 32 * W::b_words;  // one 16-deep k row of the tile
+    constexpr int kBCopies = W::b_stage / W::producers;
+    constexpr int kACopies = W::a_stage / W::producers;
+    static_assert(W::b_stage % W::producers == 0 && W::a_stage % W::producers == 0, "copies split evenly");
+    const int s_rows = grouped && W::k_tile > (1 << p.group_shift) ? W::k_tile >> p.group_shift : 1;
+    const int s_copies = grouped ? s_rows * W::n_chunks * 8 : 0;
+    const int z_copies = F::zero_points ? s_rows * W::n_chunks * 2 : 0;
+    const int s_row_int4 = p.s_row_halves / 8;
+    // The copies are one warp's serial instruction stream per SM quarter, so
+    // everything per thread is fixed up front and a slot costs a few adds per
+    // copy: B copy j is row (128 j) / kBRowInt4 of the k step, unit tid + (128 j)
+    // % kBRowInt4; A copy j is row tid / 8 + 16 j, 16-byte unit tid % 8.
+    const int a_row0 = tid >> 3;
+    const int a_unit = tid & 7;
+    const int a_dst0 = a_row0 * 8 + (a_unit ^ (a_row0 & 7));  // rows 16 j apart keep the swizzle phase
+    const size_t a_step_rows = static_cast<size_t>(16) * p.a_row_int4;
+    int kt = u_begin % k_tiles;
+    int c = (u_begin / k_tiles) % n_tiles;
+    int slab = u_begin / k_tiles / n_tiles;
+    const int4* pb = nullptr;
+    const int4* pa = nullptr;
+    int rows_left = 0;
+    auto seek = [&]() {
+      pb = gB + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 + tid;
+      pa = gA + (static_cast<size_t>(slab) * W::m_rows + a_row0) * p.a_row_int4 + kt * (W::k_tile / 8) + a_unit;
+      rows_left = p.m - slab * W::m_rows - a_row0;  // copy j is live while 16 j < rows_left
+    };
+    seek();
+#pragma unroll 1
+    for (int i = 0; i < count; ++i) {
+      const int slot = i % kStages;
+      if (i >= kStages) mbar::wait(empty + slot, ((i / kStages) - 1) & 1);
+      int4* const db = sh_b + slot * W::b_stage + tid;
+#pragma unroll
+      for (int j = 0; j < kBCopies; ++j)
+        ptx::cp_async16(db + j * W::producers,
+                        pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4);
+      int4* const da = sh_a + slot * W::a_stage + a_dst0;
+#pragma unroll
+      for (int j = 0; j < kACopies; ++j) {
+        const bool live = 16 * j < rows_left;  // rows past the end of A become zero rows
+        ptx::cp_async16_or_zero(da + 128 * j, live ? pa + j * a_step_rows : gA, live);
+      }
+      if (tid < s_copies) {
+        const int group_row = ((kt * W::k_tile) >> p.group_shift) + tid / (W::n_chunks * 8);
+        ptx::cp_async16(sh_s + slot * W::s_stage + tid,
+                        gS + static_cast<size_t>(group_row) * s_row_int4 + c * (W::n_chunks * 8) + tid % (W::n_chunks * 8));
+      }
+      if (tid < z_copies) {
+        const int group_row = ((kt * W::k_tile) >> z_shift) + tid / (W::n_chunks * 2);
+        ptx::cp_async16(sh_z + slot * W::z_stage + tid,
+                        gZ + static_cast<size_t>(group_row) * p.z_row_int4 + c * (W::n_chunks * 2) + tid % (W::n_chunks * 2));
+      }
+      mbar::arrive_on_copies(full + slot);
+      if (++kt == k_tiles) {
+        kt = 0;
+        if (++c == n_tiles) {
+          c = 0;
+          ++slab;
+        }
+        seek();
+      } else {
+        pb += W::k_rows * p.b_row_int4;
+        pa += W::k_tile / 8;
+      }
+    }
+    ptx::cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumer warpgroups: shared -> registers -> tensor cores ---------------
+  wgmma::claim_registers<W::consumer_regs>();
+  const int ctid = tid - W::producers;
+  const int group = role - 1;       // owns chunks 2*group and 2*group + 1
+  // The 64-row A operand of MMA h (h = 0, 1) of this warpgroup: warp w
+  // supplies tile 2 (w % 2) + h of chunk 2 group + w / 2, so a lane's two
+  // tiles are adjacent words of its 16-byte Marlin unit (one 8- or 16-byte
+  // shared load per step instead of two 4-way-conflicting ones).
+  const int wg_warp = (ctid >> 5) & 3;
+  const int chunk = 2 * group + (wg_warp >> 1);
+  const int tile0 = 2 * (wg_warp & 1);
+  const int lane = tid & 31;
+  auto consumer_sync = [] { mbar::named_sync<1, W::consumers>(); };
+
+  float acc[2][W::m8][4];
+  auto zero_acc = [&]() {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < W::m8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[h][j][e] = 0.f;
+  };
+  // This lane's two weight fragments of 16-deep step `row` of a slot: exact
+  // values times their group scales.
+  auto fragments = [&](const int4* sb, const int4* ss, const int4* sz, int row, Frag16x16 (&f)[2]) {
+    const uint32_t* const src = reinterpret_cast<const uint32_t*>(sb + (row * W::n_chunks + chunk) * 32 * W::b_words +
+                                                                  lane * W::b_words) +
+                                tile0 * F::words;
+    uint32_t w[2 * F::words];
+    if constexpr (F::words == 1) {
+      const uint2 v = *reinterpret_cast<const uint2*>(src);
+      w[0] = v.x;
+      w[1] = v.y;
+    } else {
+      const uint4 v = *reinterpret_cast<const uint4*>(src);
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = v.z;
+      w[3] = v.w;
+    }
+    const int s_row = (16 * row) >> z_shift;
+    [[maybe_unused]] uint32_t zword = 0u;
+    if constexpr (F::zero_points)
+      zword = reinterpret_cast<const uint32_t*>(sz + s_row * (W::n_chunks * 2) + chunk * 2)[lane >> 2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) f[h] = F::dequant(w + h * F::words, F::zero_points ? F::zero_pair(zword, tile0 + h) : 0u);
+    if (grouped) {
+      const uint2 sp = reinterpret_cast<const uint2*>(ss + s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2))[tile0 >> 1];
+      F::scale(f[0], sp.x);
+      F::scale(f[1], sp.y);
+    }
+  };
+
+  using Epilogue = ColumnEpilogue<W::m_rows, W::part_cols, W::consumers, F, Route::Dense, W::parts>;
+  static_assert(Epilogue::kRedStride == W::red_stride && W::parts == 2, "one part per consumer warpgroup");
+  auto finish_column = [&](int u) {
+    const int col = u / k_tiles;
+    const int slab = col / n_tiles;
+    const int c = col - slab * n_tiles;
+#pragma unroll 1
+    for (int part = 0; part < W::parts; ++part) {
+      if (group == part) {
+        // Accumulator (h, j, e) of lane (g, q) is C^T[n = 64 chunk + 16 (tile0 + h) + g + 8 (e/2)][m = 8j + 2q + e%2];
+        // this warpgroup's chunks are the part's 128 columns.
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < W::m8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int n_local = 64 * (wg_warp >> 1) + 16 * (tile0 + h) + (lane >> 2) + 8 * (e >> 1);
+              const int m_local = 8 * j + 2 * (lane & 3) + (e & 1);
+              sh_red[m_local * W::red_stride + n_local] = acc[h][j][e];
+            }
+      }
+      consumer_sync();
+      Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters, k_tiles,
+                                 part);
+    }
+  };
+
+  // MMA groups (steps) left in flight while the next step is dequantised.
+  constexpr int kPending = 2;
+  static_assert(kPending < W::k_rows, "a slot is released within the next slot's steps");
+  Frag16x16 f[W::k_rows][2];
+  int release = -1;  // the slot whose MMAs may still be in flight
+  int i = 0;
+  int c_kt = u_begin % k_tiles;
+#pragma unroll 1
+  while (i < count) {
+    const int run_end = i + min(count - i, k_tiles - c_kt);
+    zero_acc();
+#pragma unroll 1
+    for (; i < run_end; ++i) {
+      const int slot = i % kStages;
+      mbar::wait(full + slot, (i / kStages) & 1);
+      wgmma::fence_async_shared();  // the copies' writes, visible to the MMA's async proxy
+      const int4* const sa = sh_a + slot * W::a_stage;
+      const int4* const sb = sh_b + slot * W::b_stage;
+      const int4* const ss = sh_s + slot * W::s_stage;
+      const int4* const sz = sh_z + slot * W::z_stage;
+#pragma unroll
+      for (int row = 0; row < W::k_rows; ++row) {
+        // One register set per step of the slot: a step's fragments are
+        // rewritten four steps later, long after its MMAs retired.
+        fragments(sb, ss, sz, row, f[row]);
+        wgmma::fence();
+        // 16-deep step: 32 bytes into the 128-byte activation rows.
+        const uint64_t desc = wgmma::sw128_kmajor_desc(reinterpret_cast<const char*>(sa) + row * 32);
+        if constexpr (W::m_rows == 128) {
+          wgmma::mma_m64n128k16<kBf16>(acc[0], f[row][0].r, desc);
+          wgmma::mma_m64n128k16<kBf16>(acc[1], f[row][1].r, desc);
+        } else {
+          wgmma::mma_m64n64k16<kBf16>(acc[0], f[row][0].r, desc);
+          wgmma::mma_m64n64k16<kBf16>(acc[1], f[row][1].r, desc);
+        }
+        wgmma::commit();
+        wgmma::wait<kPending>();
+        // The previous slot's last step has retired once kPending newer ones were issued.
+        if (row == kPending - 1 && release >= 0) mbar::arrive(empty + release);
+      }
+      release = slot;
+    }
+    wgmma::wait<0>();
+    mbar::arrive(empty + release);
+    release = -1;
+    finish_column(u_begin + i - 1);
+    c_kt = 0;
+  }
+#else
+  (void)p;
+  __trap();
+#endif
+}
+
+// The wide kernels of one format: slabs of 64 or 128 activation rows.
+template <AType A, WType Wt>
+cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage) {
+  using F = Format<A, Wt>;
+  if (tokens == 128) {
+    using W = WideTile<128, F::bits>;
+    return launch_resident<wide_kernel<W, F>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args,
+                                                            launch, stage);
+  }
+  using W = WideTile<64, F::bits>;
+  return launch_resident<wide_kernel<W, F>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args,
+                                                          launch, stage);
+}
+
+}  // namespace ferrum::dense
