@@ -35,7 +35,11 @@ struct Num<AType::F16> {
   }
   __device__ static float2 to_float2(uint32_t a) { return __half22float2(v(a)); }
   __device__ static uint32_t from_floats(float lo, float hi) { return u(__floats2half2_rn(lo, hi)); }
-  __device__ static void atomic_add(void* p, uint32_t x) { atomicAdd(static_cast<half2*>(p), v(x)); }
+  // Fire-and-forget reduction in L2: atomicAdd's returning form makes every
+  // add wait a full round trip (and takes a fallback loop).
+  __device__ static void atomic_add(void* p, uint32_t x) {
+    asm volatile("red.relaxed.gpu.global.add.noftz.f16x2 [%0], %1;\n" ::"l"(p), "r"(x) : "memory");
+  }
 };
 
 template <>
@@ -56,7 +60,11 @@ struct Num<AType::BF16> {
     return u(__floats2bfloat162_rn(lo, hi));
   }
   __device__ static void atomic_add(void* p, uint32_t x) {
-    atomicAdd(static_cast<__nv_bfloat162*>(p), v(x));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.relaxed.gpu.global.add.noftz.bf16x2 [%0], %1;\n" ::"l"(p), "r"(x) : "memory");
+#else
+    atomicAdd(static_cast<__nv_bfloat162*>(p), v(x));  // no bf16x2 reduction before sm_90
+#endif
   }
 };
 

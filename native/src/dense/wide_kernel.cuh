@@ -168,34 +168,45 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[h][j][e] = 0.f;
   };
-  // This lane's two weight fragments of 16-deep step `row` of a slot: exact
-  // values times their group scales.
-  auto fragments = [&](const int4* sb, const int4* ss, const int4* sz, int row, Frag16x16 (&f)[2]) {
+  // What a lane reads from a slot for one 16-deep step: its two tiles' codes,
+  // their scale pairs and the zero-point word. Read for all steps of a slot at
+  // once, so the shared-memory latency is paid once per slot, not per step.
+  struct StepWords {
+    uint32_t w[2 * F::words];
+    uint2 scales;
+    uint32_t zero;
+  };
+  auto read_step = [&](const int4* sb, const int4* ss, const int4* sz, int row, StepWords& sw) {
     const uint32_t* const src = reinterpret_cast<const uint32_t*>(sb + (row * W::n_chunks + chunk) * 32 * W::b_words +
                                                                   lane * W::b_words) +
                                 tile0 * F::words;
-    uint32_t w[2 * F::words];
     if constexpr (F::words == 1) {
       const uint2 v = *reinterpret_cast<const uint2*>(src);
-      w[0] = v.x;
-      w[1] = v.y;
+      sw.w[0] = v.x;
+      sw.w[1] = v.y;
     } else {
       const uint4 v = *reinterpret_cast<const uint4*>(src);
-      w[0] = v.x;
-      w[1] = v.y;
-      w[2] = v.z;
-      w[3] = v.w;
+      sw.w[0] = v.x;
+      sw.w[1] = v.y;
+      sw.w[2] = v.z;
+      sw.w[3] = v.w;
     }
     const int s_row = (16 * row) >> z_shift;
-    [[maybe_unused]] uint32_t zword = 0u;
+    sw.zero = 0u;
     if constexpr (F::zero_points)
-      zword = reinterpret_cast<const uint32_t*>(sz + s_row * (W::n_chunks * 2) + chunk * 2)[lane >> 2];
+      sw.zero = reinterpret_cast<const uint32_t*>(sz + s_row * (W::n_chunks * 2) + chunk * 2)[lane >> 2];
+    sw.scales = make_uint2(0u, 0u);
+    if (grouped)
+      sw.scales = reinterpret_cast<const uint2*>(ss + s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2))[tile0 >> 1];
+  };
+  // The step's two weight fragments: exact values times their group scales.
+  auto fragments = [&](const StepWords& sw, Frag16x16 (&f)[2]) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) f[h] = F::dequant(w + h * F::words, F::zero_points ? F::zero_pair(zword, tile0 + h) : 0u);
+    for (int h = 0; h < 2; ++h)
+      f[h] = F::dequant(sw.w + h * F::words, F::zero_points ? F::zero_pair(sw.zero, tile0 + h) : 0u);
     if (grouped) {
-      const uint2 sp = reinterpret_cast<const uint2*>(ss + s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2))[tile0 >> 1];
-      F::scale(f[0], sp.x);
-      F::scale(f[1], sp.y);
+      F::scale(f[0], sw.scales.x);
+      F::scale(f[1], sw.scales.y);
     }
   };
 
@@ -247,11 +258,14 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
       const int4* const sb = sh_b + slot * W::b_stage;
       const int4* const ss = sh_s + slot * W::s_stage;
       const int4* const sz = sh_z + slot * W::z_stage;
+      StepWords sw[W::k_rows];
+#pragma unroll
+      for (int row = 0; row < W::k_rows; ++row) read_step(sb, ss, sz, row, sw[row]);
 #pragma unroll
       for (int row = 0; row < W::k_rows; ++row) {
         // One register set per step of the slot: a step's fragments are
         // rewritten four steps later, long after its MMAs retired.
-        fragments(sb, ss, sz, row, f[row]);
+        fragments(sw[row], f[row]);
         wgmma::fence();
         // 16-deep step: 32 bytes into the 128-byte activation rows.
         const uint64_t desc = wgmma::sw128_kmajor_desc(reinterpret_cast<const char*>(sa) + row * 32);
