@@ -178,7 +178,10 @@ struct ColumnEpilogue {
       }
       store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, atomic);
       if (shared_column) {
-        __threadfence();
+        // The stored partial must be in place before the lock lets the others
+        // add to it; the adds themselves need no fence (nothing in the launch
+        // reads them, and they commute).
+        if (!atomic) __threadfence();
         sync();
         if (tid == 0 && atomicAdd(lock, 1) == contributors - 1) atomicExch(lock, 0);
       } else {

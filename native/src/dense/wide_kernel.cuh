@@ -239,10 +239,11 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   };
 
   // MMA groups (steps) left in flight while the next step is dequantised.
-  constexpr int kPending = 2;
+  constexpr int kPending = 3;
   static_assert(kPending < W::k_rows, "a slot is released within the next slot's steps");
   Frag16x16 f[W::k_rows][2];
   int release = -1;  // the slot whose MMAs may still be in flight
+  const uint64_t a_desc0 = wgmma::sw128_kmajor_desc(sh_a);
   int i = 0;
   int c_kt = u_begin % k_tiles;
 #pragma unroll 1
@@ -258,6 +259,9 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
       const int4* const sb = sh_b + slot * W::b_stage;
       const int4* const ss = sh_s + slot * W::s_stage;
       const int4* const sz = sh_z + slot * W::z_stage;
+      // The slot's activation descriptor; a 16-deep step is 32 bytes further
+      // into the 128-byte rows, 2 in the descriptor's 16-byte address units.
+      const uint64_t slot_desc = a_desc0 + static_cast<uint64_t>(slot) * W::a_stage;
       StepWords sw[W::k_rows];
 #pragma unroll
       for (int row = 0; row < W::k_rows; ++row) read_step(sb, ss, sz, row, sw[row]);
@@ -268,7 +272,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         fragments(sw[row], f[row]);
         wgmma::fence();
         // 16-deep step: 32 bytes into the 128-byte activation rows.
-        const uint64_t desc = wgmma::sw128_kmajor_desc(reinterpret_cast<const char*>(sa) + row * 32);
+        const uint64_t desc = slot_desc + 2 * row;
         if constexpr (W::m_rows == 128) {
           wgmma::mma_m64n128k16<kBf16>(acc[0], f[row][0].r, desc);
           wgmma::mma_m64n128k16<kBf16>(acc[1], f[row][1].r, desc);
