@@ -90,21 +90,6 @@ __device__ __forceinline__ void fence_async_shared() {
   "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
   "+f"(d[7][2]), "+f"(d[7][3])
-template <bool Bf16>
-__device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#ifdef FERRUM_WGMMA_AVAILABLE
-  if constexpr (Bf16)
-    asm volatile(FERRUM_WGMMA_N64_TEXT("bf16") : FERRUM_WGMMA_N64_OUTS : FERRUM_WGMMA_INS);
-  else
-    asm volatile(FERRUM_WGMMA_N64_TEXT("f16") : FERRUM_WGMMA_N64_OUTS : FERRUM_WGMMA_INS);
-#else
-  (void)d;
-  (void)a;
-  (void)desc_b;
-  __trap();
-#endif
-}
-
 #define FERRUM_WGMMA_N128_TEXT(TYPE) \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " \
@@ -125,10 +110,15 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const uint32_t (
   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), \
   "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-template <bool Bf16>
-__device__ __forceinline__ void mma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b) {
+template <int N, bool Bf16>
+__device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(N == 64 || N == 128, "MMA widths built: 64 and 128");
 #ifdef FERRUM_WGMMA_AVAILABLE
-  if constexpr (Bf16)
+  if constexpr (N == 64 && Bf16)
+    asm volatile(FERRUM_WGMMA_N64_TEXT("bf16") : FERRUM_WGMMA_N64_OUTS : FERRUM_WGMMA_INS);
+  else if constexpr (N == 64)
+    asm volatile(FERRUM_WGMMA_N64_TEXT("f16") : FERRUM_WGMMA_N64_OUTS : FERRUM_WGMMA_INS);
+  else if constexpr (Bf16)
     asm volatile(FERRUM_WGMMA_N128_TEXT("bf16") : FERRUM_WGMMA_N128_OUTS : FERRUM_WGMMA_INS);
   else
     asm volatile(FERRUM_WGMMA_N128_TEXT("f16") : FERRUM_WGMMA_N128_OUTS : FERRUM_WGMMA_INS);

@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         const int row = warp_k + rr * T::warps_k;  // 16-deep step: 32 bytes into the 128-byte rows
         const uint64_t desc = wgmma::sw128_kmajor_desc(reinterpret_cast<const char*>(sa) + row * 32);
 #pragma unroll
-        for (int t = 0; t < 4; ++t) wgmma::mma_m64n64k16<kBf16>(acc[t], f[rr][t].r, desc);
+        for (int t = 0; t < 4; ++t) wgmma::mma_m64k16<64, kBf16>(acc[t], f[rr][t].r, desc);
       }
       wgmma::commit();
       wgmma::wait<0>();

@@ -273,13 +273,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         wgmma::fence();
         // 16-deep step: 32 bytes into the 128-byte activation rows.
         const uint64_t desc = slot_desc + 2 * row;
-        if constexpr (W::m_rows == 128) {
-          wgmma::mma_m64n128k16<kBf16>(acc[0], f[row][0].r, desc);
-          wgmma::mma_m64n128k16<kBf16>(acc[1], f[row][1].r, desc);
-        } else {
-          wgmma::mma_m64n64k16<kBf16>(acc[0], f[row][0].r, desc);
-          wgmma::mma_m64n64k16<kBf16>(acc[1], f[row][1].r, desc);
-        }
+        wgmma::mma_m64k16<W::m_rows, kBf16>(acc[0], f[row][0].r, desc);
+        wgmma::mma_m64k16<W::m_rows, kBf16>(acc[1], f[row][1].r, desc);
         wgmma::commit();
         wgmma::wait<kPending>();
         // The previous slot's last step has retired once kPending newer ones were issued.
