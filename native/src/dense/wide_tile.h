@@ -6,9 +6,11 @@
 
 namespace ferrum::dense {
 
-// Problems of more rows than this take the wide kernel on Hopper (below it
-// the 8-warp kernel's short slabs waste fewer MMA columns).
-constexpr int kWideMinRows = 32;
+// Problems of more rows than this take the wide kernel on Hopper. Measured
+// (H200): from 17 rows on it beats the 8-warp kernel's 32-row slabs (m = 17..32
+// on 8192x28672: 84 -> 77 us), at 16 rows and below the 8-warp kernel's
+// weight-stream tiles are far ahead.
+constexpr int kWideMinRows = 16;
 
 // Shared memory the wide kernel may use per block (Hopper opt-in maximum).
 constexpr size_t kWideSmemBudget = 227 * 1024;
