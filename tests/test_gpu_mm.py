@@ -186,6 +186,19 @@ def test_fp32_reduce_is_deterministic(cp, b_type, dtype_name, m):
     assert relative_l2(ff.linear(x, weight, fp32_reduce=True), ref) < TOLERANCE[weight.dtype]
 
 
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("b_type", ["U4", "U4B8", "U8B128", "FE4M3FN"])
+@pytest.mark.parametrize("m", [40, 130])
+def test_tall_slabs_with_many_contributors_per_column(cp, b_type, dtype_name, m):
+    # Tall slabs (Hopper: the warp-specialised kernel) on a long K: each column is
+    # split over ~16 blocks, whose partials are added to the first one's in C.
+    weight = make_weight(b_type, DTYPES[dtype_name], 128, False, k=4096, n=1024, seed=13)
+    x = to_device(cp, activations(m, weight.k, weight.dtype, seed=14))
+    ref = reference_product(cp, to_host(x), weight.reference_dequant())
+    assert relative_l2(ff.linear(x, weight), ref) < TOLERANCE[weight.dtype]
+    assert relative_l2(ff.linear(x, weight, fp32_reduce=True), ref) < TOLERANCE[weight.dtype]
+
+
 @pytest.mark.parametrize("tile", [(128, 128), (64, 256), (128, 64), (128, 256)])
 @pytest.mark.parametrize("b_type", ["U4", "U4B8", "U8B128", "FE4M3FN"])
 @pytest.mark.parametrize("dtype_name", DTYPES)
