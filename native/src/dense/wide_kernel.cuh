@@ -10,9 +10,11 @@
 // two 64-column chunks of the 256-column tile: per 16-deep k step it
 // dequantises its two weight fragments and issues two asynchronous warpgroup
 // MMAs (m64 x n{Tokens} x k16, weights from registers, activations from the
-// 128-byte-swizzled slot), then waits only for the *previous* step's MMAs, so
-// dequantisation of step k+1 overlaps the tensor cores' work on step k. A slot
-// is handed back ("empty") once the MMAs that read it have retired.
+// 128-byte-swizzled slot), then waits only until at most three steps' MMAs are
+// in flight, so dequantisation overlaps the tensor cores' work on earlier
+// steps. A slot is handed back ("empty") once the MMAs that read it have
+// retired. Warpgroup 0's copies per slot are a few adds each (offsets fixed per
+// thread): as a serial integer stream they had been the bottleneck.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -268,7 +270,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #pragma unroll
       for (int row = 0; row < W::k_rows; ++row) {
         // One register set per step of the slot: a step's fragments are
-        // rewritten four steps later, long after its MMAs retired.
+        // rewritten four steps later, after its MMAs retired (kPending < 4).
         fragments(sw[row], f[row]);
         wgmma::fence();
         // 16-deep step: 32 bytes into the 128-byte activation rows.
