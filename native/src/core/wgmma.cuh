@@ -72,11 +72,11 @@ __device__ __forceinline__ void fence_async_shared() {
 #endif
 }
 
-// D[64 x N] += A[64 x 16] (registers) * B[16 x N] (shared); fp16 or bf16
+// D[64 x N] = A[64 x 16] (registers) * B[16 x N] (shared) + (keep_d ? D : 0); fp16 or bf16
 // inputs, fp32 D. Warp w of the warpgroup holds rows 16w..16w+15 of A and of D;
 // d[j][e] is (row g + 8(e/2), column 8j + 2q + e%2) as in mma.m16n8k16, with
 // g = lane / 4, q = lane % 4. (Generated operand lists: N/2 accumulators.)
-#define FERRUM_WGMMA_INS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1)
+#define FERRUM_WGMMA_INS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(keep_d)
 #define FERRUM_WGMMA_N64_TEXT(TYPE) \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
@@ -110,11 +110,23 @@ __device__ __forceinline__ void fence_async_shared() {
   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), \
   "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define FERRUM_WGMMA_N16_TEXT(TYPE) \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " " \
+  "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+#define FERRUM_WGMMA_N16_OUTS \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
+  "+f"(d[1][2]), "+f"(d[1][3])
 template <int N, bool Bf16>
-__device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-  static_assert(N == 64 || N == 128, "MMA widths built: 64 and 128");
+__device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                           int keep_d = 1) {
+  static_assert(N == 16 || N == 64 || N == 128, "MMA widths built: 16, 64 and 128");
 #ifdef FERRUM_WGMMA_AVAILABLE
-  if constexpr (N == 64 && Bf16)
+  if constexpr (N == 16 && Bf16)
+    asm volatile(FERRUM_WGMMA_N16_TEXT("bf16") : FERRUM_WGMMA_N16_OUTS : FERRUM_WGMMA_INS);
+  else if constexpr (N == 16)
+    asm volatile(FERRUM_WGMMA_N16_TEXT("f16") : FERRUM_WGMMA_N16_OUTS : FERRUM_WGMMA_INS);
+  else if constexpr (N == 64 && Bf16)
     asm volatile(FERRUM_WGMMA_N64_TEXT("bf16") : FERRUM_WGMMA_N64_OUTS : FERRUM_WGMMA_INS);
   else if constexpr (N == 64)
     asm volatile(FERRUM_WGMMA_N64_TEXT("f16") : FERRUM_WGMMA_N64_OUTS : FERRUM_WGMMA_INS);
@@ -126,11 +138,14 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t 
   (void)d;
   (void)a;
   (void)desc_b;
+  (void)keep_d;
   __trap();
 #endif
 }
 
 #undef FERRUM_WGMMA_INS
+#undef FERRUM_WGMMA_N16_TEXT
+#undef FERRUM_WGMMA_N16_OUTS
 #undef FERRUM_WGMMA_N64_TEXT
 #undef FERRUM_WGMMA_N64_OUTS
 #undef FERRUM_WGMMA_N128_TEXT

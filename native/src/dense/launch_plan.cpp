@@ -47,6 +47,7 @@ TileInfo info_wide() {
 template <int Bits>
 TileInfo info_bits(int m8, NConfig nc) {
   switch (nc) {
+    case NConfig::WIDE_T16: return info_wide<16, Bits>();
     case NConfig::WIDE_T64: return info_wide<64, Bits>();
     case NConfig::WIDE_T128: return info_wide<128, Bits>();
     case NConfig::N128_K128: return info_m8<NConfig::N128_K128, Bits>(m8);
@@ -60,8 +61,8 @@ TileInfo info_bits(int m8, NConfig nc) {
 
 template <AType A, WType W>
 cudaError_t launch_format(int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
-  if (nc == NConfig::WIDE_T64 || nc == NConfig::WIDE_T128)
-    return launch_wide<A, W>(nc == NConfig::WIDE_T128 ? 128 : 64, args, launch, stage);
+  if (nc == NConfig::WIDE_T16 || nc == NConfig::WIDE_T64 || nc == NConfig::WIDE_T128)
+    return launch_wide<A, W>(tile_info(1, nc, weight_bits(W)).m_rows, args, launch, stage);
   switch (m8) {
     case 1: return launch_slab<A, W, 1>(nc, args, launch, stage);
     case 2: return launch_slab<A, W, 2>(nc, args, launch, stage);
@@ -102,8 +103,12 @@ TileInfo tile_info(int m8, NConfig nc, int bits) {
 // weight byte.
 NConfig auto_config(int m, int n, int k, int sms, int bits, bool hopper) {
   const int m8 = slab_m8(m);
-  if (hopper && m > kWideMinRows && n % 256 == 0 && k % 64 == 0)
-    return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
+  if (hopper && n % 256 == 0 && k % 64 == 0) {
+    if (m > 16) return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
+    // 8-bit weights, 9..16 rows: the 16-row wide tile streams 2-21 % faster
+    // than the 8-warp kernel (H200); at 8 rows and below it is not faster.
+    if (bits == 8 && m > 8) return NConfig::WIDE_T16;
+  }
   if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
   if (bits == 4 && m8 <= kDeepTileMaxM8 && n % 256 == 0 &&
       static_cast<int64_t>(n / 256) * (k / 128) >= static_cast<int64_t>(16) * sms)

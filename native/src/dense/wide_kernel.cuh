@@ -19,6 +19,8 @@
 
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "../core/formats.cuh"
 #include "../core/mbarrier.cuh"
 #include "../core/ptx.cuh"
@@ -31,11 +33,13 @@
 
 namespace ferrum::dense {
 
-template <class W, class F>
+template <class W, class F, bool Images>
 __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #ifdef FERRUM_WGMMA_AVAILABLE
   constexpr bool kBf16 = F::bf16;
   constexpr int kStages = W::stages;
+  // Image mode hands each slot to one consumer warpgroup (see below).
+  constexpr int kSlotConsumers = Images ? W::consumers / 2 : W::consumers;
   // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
   extern __shared__ __align__(1024) int4 smem[];
   int4* const sh_a = smem;
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar::init(full + s, W::producers);
-      mbar::init(empty + s, W::consumers);
+      mbar::init(empty + s, kSlotConsumers);
     }
   }
   __syncthreads();
@@ -161,10 +165,11 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   const int lane = tid & 31;
   auto consumer_sync = [] { mbar::named_sync<1, W::consumers>(); };
 
-  float acc[2][W::m8][4];
+  // Dequantisation mode uses tiles 0 and 1 (its two MMAs), image mode all four.
+  float acc[4][W::m8][4];
   auto zero_acc = [&]() {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 4; ++h)
 #pragma unroll
       for (int j = 0; j < W::m8; ++j)
 #pragma unroll
@@ -178,21 +183,24 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     uint2 scales;
     uint32_t zero;
   };
-  auto read_step = [&](const int4* sb, const int4* ss, const int4* sz, int row, StepWords& sw) {
+  auto read_words = [&](const int4* sb, int row, uint32_t (&w)[2 * F::words]) {
     const uint32_t* const src = reinterpret_cast<const uint32_t*>(sb + (row * W::n_chunks + chunk) * 32 * W::b_words +
                                                                   lane * W::b_words) +
                                 tile0 * F::words;
     if constexpr (F::words == 1) {
       const uint2 v = *reinterpret_cast<const uint2*>(src);
-      sw.w[0] = v.x;
-      sw.w[1] = v.y;
+      w[0] = v.x;
+      w[1] = v.y;
     } else {
       const uint4 v = *reinterpret_cast<const uint4*>(src);
-      sw.w[0] = v.x;
-      sw.w[1] = v.y;
-      sw.w[2] = v.z;
-      sw.w[3] = v.w;
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = v.z;
+      w[3] = v.w;
     }
+  };
+  auto read_step = [&](const int4* sb, const int4* ss, const int4* sz, int row, StepWords& sw) {
+    read_words(sb, row, sw.w);
     const int s_row = (16 * row) >> z_shift;
     sw.zero = 0u;
     if constexpr (F::zero_points)
@@ -213,82 +221,196 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   };
 
   using Epilogue = ColumnEpilogue<W::m_rows, W::part_cols, W::consumers, F, Route::Dense, W::parts>;
-  static_assert(Epilogue::kRedStride == W::red_stride && W::parts == 2, "one part per consumer warpgroup");
-  auto finish_column = [&](int u) {
+  static_assert(Epilogue::kRedStride == W::red_stride, "one reduction tile layout");
+  static_assert(W::parts == 1 || (W::parts == 2 && !Images), "two parts: one per consumer warpgroup's chunks");
+  // Accumulator (h, j, e) of lane (g, q) is C^T[n = n_of(h) + g + 8 (e/2)][m = 8j + 2q + e%2].
+  auto stash = [&](const float (&a)[4][W::m8][4], int hs, auto n_of, bool add) {
+#pragma unroll
+    for (int h = 0; h < hs; ++h)
+#pragma unroll
+      for (int j = 0; j < W::m8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float* const dst = sh_red + (8 * j + 2 * (lane & 3) + (e & 1)) * W::red_stride + n_of(h) + (lane >> 2) +
+                             8 * (e >> 1);
+          *dst = add ? *dst + a[h][j][e] : a[h][j][e];
+        }
+  };
+  auto finish_column = [&](int u, const float (&a)[4][W::m8][4]) {
     const int col = u / k_tiles;
     const int slab = col / n_tiles;
     const int c = col - slab * n_tiles;
+    if constexpr (Images) {
+      // Both warpgroups hold partials of all 256 columns (warp w: chunk w).
+      auto n_of = [&](int h) { return 64 * wg_warp + 16 * h; };
 #pragma unroll 1
-    for (int part = 0; part < W::parts; ++part) {
-      if (group == part) {
-        // Accumulator (h, j, e) of lane (g, q) is C^T[n = 64 chunk + 16 (tile0 + h) + g + 8 (e/2)][m = 8j + 2q + e%2];
-        // this warpgroup's chunks are the part's 128 columns.
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < W::m8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int n_local = 64 * (wg_warp >> 1) + 16 * (tile0 + h) + (lane >> 2) + 8 * (e >> 1);
-              const int m_local = 8 * j + 2 * (lane & 3) + (e & 1);
-              sh_red[m_local * W::red_stride + n_local] = acc[h][j][e];
-            }
+      for (int g = 0; g < 2; ++g) {
+        if (group == g) stash(a, 4, n_of, g > 0);
+        consumer_sync();
       }
-      consumer_sync();
-      Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters, k_tiles,
-                                 part);
+      Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters, k_tiles);
+    } else {
+      // Each warpgroup holds its two chunks: tiles tile0 + h of chunk `chunk`.
+      const int base = W::parts == 1 ? 64 * chunk : 64 * (wg_warp >> 1);
+      auto n_of = [&](int h) { return base + 16 * (tile0 + h); };
+#pragma unroll 1
+      for (int part = 0; part < W::parts; ++part) {
+        if (W::parts == 1 || group == part) stash(a, 2, n_of, false);
+        consumer_sync();
+        Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters,
+                                   k_tiles, part);
+      }
     }
   };
 
-  // MMA groups (steps) left in flight while the next step is dequantised.
-  constexpr int kPending = 3;
-  static_assert(kPending < W::k_rows, "a slot is released within the next slot's steps");
-  Frag16x16 f[W::k_rows][2];
-  int release = -1;  // the slot whose MMAs may still be in flight
   const uint64_t a_desc0 = wgmma::sw128_kmajor_desc(sh_a);
+  int release = -1;  // the slot whose MMAs may still be in flight
+  // A slot, once its copies landed: the lane's words of every step (the
+  // shared-memory latency paid once per slot) and the slot's descriptor.
+  struct Slot {
+    int index;
+    const int4* b;
+    const int4* s;
+    const int4* z;
+    uint64_t desc;  // a 16-deep step is 32 bytes further into the 128-byte rows: +2
+  };
+  auto arrive_slot = [&](int i) -> Slot {
+    const int slot = i % kStages;
+    mbar::wait(full + slot, (i / kStages) & 1);
+    wgmma::fence_async_shared();  // the copies' writes, visible to the MMA's async proxy
+    return Slot{slot, sh_b + slot * W::b_stage, sh_s + slot * W::s_stage, sh_z + slot * W::z_stage,
+                a_desc0 + static_cast<uint64_t>(slot) * W::a_stage};
+  };
   int i = 0;
   int c_kt = u_begin % k_tiles;
-#pragma unroll 1
-  while (i < count) {
-    const int run_end = i + min(count - i, k_tiles - c_kt);
-    zero_acc();
-#pragma unroll 1
-    for (; i < run_end; ++i) {
-      const int slot = i % kStages;
-      mbar::wait(full + slot, (i / kStages) & 1);
-      wgmma::fence_async_shared();  // the copies' writes, visible to the MMA's async proxy
-      const int4* const sa = sh_a + slot * W::a_stage;
-      const int4* const sb = sh_b + slot * W::b_stage;
-      const int4* const ss = sh_s + slot * W::s_stage;
-      const int4* const sz = sh_z + slot * W::z_stage;
-      // The slot's activation descriptor; a 16-deep step is 32 bytes further
-      // into the 128-byte rows, 2 in the descriptor's 16-byte address units.
-      const uint64_t slot_desc = a_desc0 + static_cast<uint64_t>(slot) * W::a_stage;
-      StepWords sw[W::k_rows];
+  if constexpr (Images) {
+    // ---- image mode (16-row slabs) ---------------------------------------------
+    // The tensor cores are nearly idle at 16 rows; what limits is each
+    // consumer's instructions and latency per slot. So codes become raw
+    // fp16/bf16 images by bit operations only (formats.cuh), one more MMA per
+    // step with a constant fragment removes their offset, and scales are
+    // applied to fp32 partial sums once per slot (grouped) or once per k run
+    // (channelwise: the epilogue applies them). And the warpgroups take whole
+    // slots in turn (even slots: warpgroup 0), so two slots are in work at
+    // once and each waits for its own MMAs while the other computes. Warp w
+    // owns chunk w: per step, MMA h takes tile h of every chunk, and a lane's
+    // four tiles are one 16-byte Marlin unit.
+    constexpr bool kCorrect = F::const_correction || F::zero_points;
+    const Frag16x16 correction = F::template correction<false>();
+    float part[4][W::m8][4];
+    float corr[W::m8][4];
+    auto fold = [&](int4 scales, uint32_t zero) {
+      const uint32_t sp[4] = {static_cast<uint32_t>(scales.x), static_cast<uint32_t>(scales.y),
+                              static_cast<uint32_t>(scales.z), static_cast<uint32_t>(scales.w)};
 #pragma unroll
-      for (int row = 0; row < W::k_rows; ++row) read_step(sb, ss, sz, row, sw[row]);
+      for (int h = 0; h < 4; ++h) {
+        const float2 s = grouped ? F::N::to_float2(sp[h]) : make_float2(1.f, 1.f);
+        [[maybe_unused]] float2 ez = make_float2(0.f, 0.f);
+        if constexpr (F::zero_points) ez = F::N::to_float2(F::zero_pair(zero, h));  // E + z
 #pragma unroll
-      for (int row = 0; row < W::k_rows; ++row) {
-        // One register set per step of the slot: a step's fragments are
-        // rewritten four steps later, after its MMAs retired (kPending < 4).
-        fragments(sw[row], f[row]);
-        wgmma::fence();
-        // 16-deep step: 32 bytes into the 128-byte activation rows.
-        const uint64_t desc = slot_desc + 2 * row;
-        wgmma::mma_m64k16<W::m_rows, kBf16>(acc[0], f[row][0].r, desc);
-        wgmma::mma_m64k16<W::m_rows, kBf16>(acc[1], f[row][1].r, desc);
-        wgmma::commit();
-        wgmma::wait<kPending>();
-        // The previous slot's last step has retired once kPending newer ones were issued.
-        if (row == kPending - 1 && release >= 0) mbar::arrive(empty + release);
+        for (int j = 0; j < W::m8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float v = part[h][j][e];
+            if constexpr (F::const_correction) v += corr[j][e];
+            if constexpr (F::zero_points) v = fmaf(e < 2 ? ez.x : ez.y, corr[j][e], v);
+            acc[h][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[h][j][e]);
+          }
       }
-      release = slot;
+    };
+    const int my_chunk = wg_warp;
+#pragma unroll 1
+    while (i < count) {
+      const int run_end = i + min(count - i, k_tiles - c_kt);
+      zero_acc();
+      bool open = true;  // the next slot of this warpgroup starts a window
+      int4 scales = make_int4(0, 0, 0, 0);
+      uint32_t zero = 0u;
+#pragma unroll 1
+      for (; i < run_end; ++i) {
+        if ((i & 1) != group) continue;
+        // Grouped scales: a window per slot (its single group row); channelwise:
+        // one window for the warpgroup's whole run.
+        const bool close = grouped || i + 2 >= run_end;
+        const Slot sl = arrive_slot(i);
+        Frag16x16 fr[W::k_rows][4];
+#pragma unroll
+        for (int row = 0; row < W::k_rows; ++row) {
+          const int4* const src = sl.b + (row * W::n_chunks + my_chunk) * 32 * W::b_words + lane * W::b_words;
+          uint32_t w[4 * F::words];
+#pragma unroll
+          for (int q = 0; q < W::b_words; ++q) {
+            const int4 v = src[q];
+            w[4 * q] = v.x;
+            w[4 * q + 1] = v.y;
+            w[4 * q + 2] = v.z;
+            w[4 * q + 3] = v.w;
+          }
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            Frag16x16 unused;
+            F::template images<false>(w + h * F::words, fr[row][h], unused);
+          }
+        }
+        wgmma::fence();
+#pragma unroll
+        for (int row = 0; row < W::k_rows; ++row) {
+          const int keep = open && row == 0 ? 0 : 1;  // a window's first MMA overwrites the partials
+#pragma unroll
+          for (int h = 0; h < 4; ++h) wgmma::mma_m64k16<W::m_rows, kBf16>(part[h], fr[row][h].r, sl.desc + 2 * row, keep);
+          if constexpr (kCorrect) wgmma::mma_m64k16<W::m_rows, kBf16>(corr, correction.r, sl.desc + 2 * row, keep);
+        }
+        wgmma::commit();
+        if (close) {  // the window's group row is row 0 of its last slot
+          if (grouped) scales = sl.s[my_chunk * 8 + (lane >> 2)];
+          if constexpr (F::zero_points) zero = reinterpret_cast<const uint32_t*>(sl.z + my_chunk * 2)[lane >> 2];
+        }
+        wgmma::wait<0>();
+        mbar::arrive(empty + sl.index);
+        if (close) fold(scales, zero);
+        open = close;
+      }
+      i = run_end;
+      finish_column(u_begin + i - 1, acc);
+      c_kt = 0;
     }
-    wgmma::wait<0>();
-    mbar::arrive(empty + release);
-    release = -1;
-    finish_column(u_begin + i - 1);
-    c_kt = 0;
+  } else {
+    // ---- dequantisation mode ----------------------------------------------------
+    // MMA groups (steps) left in flight while the next step is dequantised.
+    constexpr int kPending = 3;
+    static_assert(kPending < W::k_rows, "a slot is released within the next slot's steps");
+    Frag16x16 f[W::k_rows][2];
+#pragma unroll 1
+    while (i < count) {
+      const int run_end = i + min(count - i, k_tiles - c_kt);
+      zero_acc();
+#pragma unroll 1
+      for (; i < run_end; ++i) {
+        const Slot sl = arrive_slot(i);
+        StepWords sw[W::k_rows];
+#pragma unroll
+        for (int row = 0; row < W::k_rows; ++row) read_step(sl.b, sl.s, sl.z, row, sw[row]);
+#pragma unroll
+        for (int row = 0; row < W::k_rows; ++row) {
+          // One register set per step of the slot: a step's fragments are
+          // rewritten four steps later, after its MMAs retired (kPending < 4).
+          fragments(sw[row], f[row]);
+          wgmma::fence();
+          wgmma::mma_m64k16<W::m_rows, kBf16>(acc[0], f[row][0].r, sl.desc + 2 * row);
+          wgmma::mma_m64k16<W::m_rows, kBf16>(acc[1], f[row][1].r, sl.desc + 2 * row);
+          wgmma::commit();
+          wgmma::wait<kPending>();
+          // The previous slot's last step has retired once kPending newer ones were issued.
+          if (row == kPending - 1 && release >= 0) mbar::arrive(empty + release);
+        }
+        release = sl.index;
+      }
+      wgmma::wait<0>();
+      mbar::arrive(empty + release);
+      release = -1;
+      finish_column(u_begin + i - 1, acc);
+      c_kt = 0;
+    }
   }
 #else
   (void)p;
@@ -296,18 +418,37 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #endif
 }
 
-// The wide kernels of one format: slabs of 64 or 128 activation rows.
+template <int Tokens, class F, bool Images>
+cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
+  using W = WideTile<Tokens, F::bits>;
+  return launch_resident<wide_kernel<W, F, Images>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile,
+                                                                  args, launch, stage);
+}
+
+// Image mode serves 16-row slabs with groups of at least one slot (64) or
+// channelwise scales; bf16 8-bit codes (two images per code) keep dequantising.
+template <int Tokens, class F>
+cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
+  if constexpr (Tokens <= 16 && !F::act_x16_image && !F::e8m0_scales) {
+    if (args.group_shift < 0 || args.group_shift >= 6) return launch_wide_kernel<Tokens, F, true>(args, launch, stage);
+  }
+  return launch_wide_kernel<Tokens, F, false>(args, launch, stage);
+}
+
+// The wide kernels of one format: slabs of 16, 64 or 128 activation rows.
 template <AType A, WType Wt>
 cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage) {
   using F = Format<A, Wt>;
-  if (tokens == 128) {
-    using W = WideTile<128, F::bits>;
-    return launch_resident<wide_kernel<W, F>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args,
-                                                            launch, stage);
+  switch (tokens) {
+    case 16:
+      // Built for 8-bit weights only: for 4-bit ones the 8-warp kernel's deep
+      // tile streams faster at 16 rows and below (see NOTES.md).
+      if constexpr (F::bits == 8) return launch_wide_tile<16, F>(args, launch, stage);
+      return cudaErrorInvalidValue;
+    case 64: return launch_wide_tile<64, F>(args, launch, stage);
+    case 128: return launch_wide_tile<128, F>(args, launch, stage);
+    default: return cudaErrorInvalidValue;
   }
-  using W = WideTile<64, F::bits>;
-  return launch_resident<wide_kernel<W, F>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args,
-                                                          launch, stage);
 }
 
 }  // namespace ferrum::dense

@@ -6,18 +6,12 @@
 
 namespace ferrum::dense {
 
-// Problems of more rows than this take the wide kernel on Hopper. Measured
-// (H200): from 17 rows on it beats the 8-warp kernel's 32-row slabs (m = 17..32
-// on 8192x28672: 84 -> 77 us), at 16 rows and below the 8-warp kernel's
-// weight-stream tiles are far ahead.
-constexpr int kWideMinRows = 16;
-
 // Shared memory the wide kernel may use per block (Hopper opt-in maximum).
 constexpr size_t kWideSmemBudget = 227 * 1024;
 
 template <int Tokens, int Bits>
 struct WideTile {
-  static_assert(Tokens == 64 || Tokens == 128, "warpgroup MMA widths built: 64 and 128 tokens");
+  static_assert(Tokens == 16 || Tokens == 64 || Tokens == 128, "warpgroup MMA widths built: 16, 64 and 128 tokens");
   static constexpr int m_rows = Tokens;  // activation rows per slab = MMA n
   static constexpr int m8 = Tokens / 8;
   static constexpr int n_chunks = 4;
@@ -38,15 +32,19 @@ struct WideTile {
   static constexpr int z_stage = 2 * n_chunks * 2;
   // The epilogue reduces and stores a column tile in two 128-column parts
   // (one per consumer warpgroup, in turn), which halves its fp32 buffer and
-  // leaves room for deeper pipelines.
-  static constexpr int parts = 2;
+  // leaves room for deeper pipelines; 16-row slabs need little room and
+  // reduce the whole tile at once.
+  static constexpr int parts = Tokens <= 16 ? 1 : 2;
   static constexpr int part_cols = n_tile / parts;
   static constexpr int red_stride = part_cols + 4;
   static constexpr size_t red_bytes = 4 * static_cast<size_t>(Tokens) * red_stride;
   static constexpr size_t stage_bytes = 16 * static_cast<size_t>(a_stage + b_stage + s_stage + z_stage);
-  static constexpr size_t tail_bytes = 2 * 8 * 8 + 16;  // barriers (at most 8 slots of two) and a flag
+  // Slabs of 16 rows are a weight stream: small slots, many of them in
+  // flight; taller slabs keep six (more buys nothing once the MMAs limit).
+  static constexpr int max_stages = Tokens <= 16 ? 16 : 6;
+  static constexpr size_t tail_bytes = 2 * 8 * max_stages + 16;  // two barriers per slot and a flag
   static constexpr int stages_fit = static_cast<int>((kWideSmemBudget - red_bytes - tail_bytes) / stage_bytes);
-  static constexpr int stages = stages_fit > 6 ? 6 : stages_fit;
+  static constexpr int stages = stages_fit > max_stages ? max_stages : stages_fit;
   static_assert(stages >= 2, "a wide tile needs two pipeline slots");
   static constexpr size_t smem_bytes = stages * stage_bytes + red_bytes + tail_bytes;
 };
