@@ -15,6 +15,11 @@
 // steps. A slot is handed back ("empty") once the MMAs that read it have
 // retired. Warpgroup 0's copies per slot are a few adds each (offsets fixed per
 // thread): as a serial integer stream they had been the bottleneck.
+//
+// 16-row slabs of 8-bit weights (a weight stream, not compute-bound) run in
+// "image mode" instead: raw code images, a correction MMA and fp32 group
+// scales (as the 8-warp kernel's short slabs), with whole slots handed to the
+// two consumer warpgroups in turn (see the image-mode loop below).
 #pragma once
 
 #include <cuda_fp16.h>
