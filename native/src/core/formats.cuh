@@ -201,4 +201,43 @@ struct Format {
   }
 };
 
+// A lane's weight words of one 16-deep k step of its chunk (its Marlin unit:
+// Words 16-byte pieces), tile t owning words [t * Words, (t + 1) * Words).
+template <int Words>
+__device__ __forceinline__ void unit_words(const int4* src, uint32_t (&w)[4 * Words]) {
+#pragma unroll
+  for (int i = 0; i < Words; ++i) {
+    const int4 v = src[i];
+    w[4 * i] = v.x;
+    w[4 * i + 1] = v.y;
+    w[4 * i + 2] = v.z;
+    w[4 * i + 3] = v.w;
+  }
+}
+
+// Folds the fp32 partial sums of image products over one group window into
+// the accumulators: removes the images' offset (the correction products, with
+// zero points weighed per column by E + z) and applies the window's scale
+// pairs (tile t: columns c, c + 8; F::N::kOne pairs where the epilogue scales).
+template <class F, int M8>
+__device__ __forceinline__ void fold_images(float (&acc)[4][M8][4], const float (&part)[4][M8][4],
+                                            const float (&corr)[M8][4], const uint32_t (&scale_pairs)[4],
+                                            uint32_t zero_word) {
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const float2 s = F::N::to_float2(scale_pairs[t]);
+    [[maybe_unused]] float2 ez = make_float2(0.f, 0.f);
+    if constexpr (F::zero_points) ez = F::N::to_float2(F::zero_pair(zero_word, t));  // E + z
+#pragma unroll
+    for (int j = 0; j < M8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = part[t][j][e];
+        if constexpr (F::const_correction) v += corr[j][e];
+        if constexpr (F::zero_points) v = fmaf(e < 2 ? ez.x : ez.y, corr[j][e], v);
+        acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[t][j][e]);
+      }
+  }
+}
+
 }  // namespace ferrum

@@ -367,15 +367,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // The lane's weight words of one 16-deep k step of its chunk: tile t owns
   // words [t * F::words, (t + 1) * F::words).
   auto weight_words = [&](const int4* sb, int row, uint32_t (&w)[4 * F::words]) {
-    const int4* const src = sb + (row * T::n_chunks + warp_n) * kChunkInt4 + lane * T::b_words;
-#pragma unroll
-    for (int i = 0; i < T::b_words; ++i) {
-      const int4 v = src[i];
-      w[4 * i] = v.x;
-      w[4 * i + 1] = v.y;
-      w[4 * i + 2] = v.z;
-      w[4 * i + 3] = v.w;
-    }
+    unit_words<F::words>(sb + (row * T::n_chunks + warp_n) * kChunkInt4 + lane * T::b_words, w);
   };
   // {scale(c), scale(c + 8)} of tile t, and the zero-point word, of group row
   // s_row of the stage.
@@ -491,22 +483,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
             // Channelwise scales wait for the epilogue.
             uint32_t sp[4] = {N::kOne, N::kOne, N::kOne, N::kOne};
             if (grouped) scale_pairs(ss, s_row, sp);
-            [[maybe_unused]] const uint32_t zw = zero_word(sz, s_row);
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-              const float2 s = N::to_float2(sp[t]);  // columns c, c + 8
-              [[maybe_unused]] float2 ez = make_float2(0.f, 0.f);
-              if constexpr (F::zero_points) ez = N::to_float2(F::zero_pair(zw, t));  // E + z
-#pragma unroll
-              for (int j = 0; j < T::m8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                  float v = part[t][j][e];
-                  if constexpr (F::const_correction) v += corr[j][e];
-                  if constexpr (F::zero_points) v = fmaf(e < 2 ? ez.x : ez.y, corr[j][e], v);
-                  acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[t][j][e]);
-                }
-            }
+            fold_images<F>(acc, part, corr, sp, zero_word(sz, s_row));
           }
         }
       }

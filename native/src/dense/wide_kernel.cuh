@@ -304,32 +304,14 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     const Frag16x16 correction = F::template correction<false>();
     float part[4][W::m8][4];
     float corr[W::m8][4];
-    auto fold = [&](int4 scales, uint32_t zero) {
-      const uint32_t sp[4] = {static_cast<uint32_t>(scales.x), static_cast<uint32_t>(scales.y),
-                              static_cast<uint32_t>(scales.z), static_cast<uint32_t>(scales.w)};
-#pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        const float2 s = grouped ? F::N::to_float2(sp[h]) : make_float2(1.f, 1.f);
-        [[maybe_unused]] float2 ez = make_float2(0.f, 0.f);
-        if constexpr (F::zero_points) ez = F::N::to_float2(F::zero_pair(zero, h));  // E + z
-#pragma unroll
-        for (int j = 0; j < W::m8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float v = part[h][j][e];
-            if constexpr (F::const_correction) v += corr[j][e];
-            if constexpr (F::zero_points) v = fmaf(e < 2 ? ez.x : ez.y, corr[j][e], v);
-            acc[h][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[h][j][e]);
-          }
-      }
-    };
     const int my_chunk = wg_warp;
 #pragma unroll 1
     while (i < count) {
       const int run_end = i + min(count - i, k_tiles - c_kt);
       zero_acc();
       bool open = true;  // the next slot of this warpgroup starts a window
-      int4 scales = make_int4(0, 0, 0, 0);
+      // Channelwise: unit pairs (the epilogue scales).
+      uint32_t scales[4] = {F::N::kOne, F::N::kOne, F::N::kOne, F::N::kOne};
       uint32_t zero = 0u;
 #pragma unroll 1
       for (; i < run_end; ++i) {
@@ -341,16 +323,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         Frag16x16 fr[W::k_rows][4];
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row) {
-          const int4* const src = sl.b + (row * W::n_chunks + my_chunk) * 32 * W::b_words + lane * W::b_words;
           uint32_t w[4 * F::words];
-#pragma unroll
-          for (int q = 0; q < W::b_words; ++q) {
-            const int4 v = src[q];
-            w[4 * q] = v.x;
-            w[4 * q + 1] = v.y;
-            w[4 * q + 2] = v.z;
-            w[4 * q + 3] = v.w;
-          }
+          unit_words<F::words>(sl.b + (row * W::n_chunks + my_chunk) * 32 * W::b_words + lane * W::b_words, w);
 #pragma unroll
           for (int h = 0; h < 4; ++h) {
             Frag16x16 unused;
@@ -367,12 +341,18 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         }
         wgmma::commit();
         if (close) {  // the window's group row is row 0 of its last slot
-          if (grouped) scales = sl.s[my_chunk * 8 + (lane >> 2)];
+          if (grouped) {
+            const int4 sc = sl.s[my_chunk * 8 + (lane >> 2)];
+            scales[0] = sc.x;
+            scales[1] = sc.y;
+            scales[2] = sc.z;
+            scales[3] = sc.w;
+          }
           if constexpr (F::zero_points) zero = reinterpret_cast<const uint32_t*>(sl.z + my_chunk * 2)[lane >> 2];
         }
         wgmma::wait<0>();
         mbar::arrive(empty + sl.index);
-        if (close) fold(scales, zero);
+        if (close) fold_images<F>(acc, part, corr, scales, zero);
         open = close;
       }
       i = run_end;
