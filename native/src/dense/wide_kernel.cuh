@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   constexpr bool kBf16 = F::bf16;
   constexpr int kStages = W::stages;
   // Image mode hands each slot to one consumer warpgroup (see below).
-  constexpr int kSlotConsumers = Images ? W::consumers / 2 : W::consumers;
+  constexpr int kSlotConsumers = Images ? 128 : W::consumers;
+  static_assert(Images || W::groups == 2, "dequantisation mode: two warpgroups of two chunks each");
   // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
   extern __shared__ __align__(1024) int4 smem[];
   int4* const sh_a = smem;
@@ -246,10 +247,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     const int slab = col / n_tiles;
     const int c = col - slab * n_tiles;
     if constexpr (Images) {
-      // Both warpgroups hold partials of all 256 columns (warp w: chunk w).
+      // Every warpgroup holds partials of all 256 columns (warp w: chunk w).
       auto n_of = [&](int h) { return 64 * wg_warp + 16 * h; };
 #pragma unroll 1
-      for (int g = 0; g < 2; ++g) {
+      for (int g = 0; g < W::groups; ++g) {
         if (group == g) stash(a, 4, n_of, g > 0);
         consumer_sync();
       }
@@ -295,9 +296,9 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     // fp16/bf16 images by bit operations only (formats.cuh), one more MMA per
     // step with a constant fragment removes their offset, and scales are
     // applied to fp32 partial sums once per slot (grouped) or once per k run
-    // (channelwise: the epilogue applies them). And the warpgroups take whole
-    // slots in turn (even slots: warpgroup 0), so two slots are in work at
-    // once and each waits for its own MMAs while the other computes. Warp w
+    // (channelwise: the epilogue applies them). And the three warpgroups take
+    // whole slots in turn (slot i: warpgroup i mod 3), so three slots are in
+    // work at once, each a step-by-step pipeline of images and MMAs. Warp w
     // owns chunk w: per step, MMA h takes tile h of every chunk, and a lane's
     // four tiles are one 16-byte Marlin unit.
     constexpr bool kCorrect = F::const_correction || F::zero_points;
@@ -315,31 +316,34 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
       uint32_t zero = 0u;
 #pragma unroll 1
       for (; i < run_end; ++i) {
-        if ((i & 1) != group) continue;
+        if (i % W::groups != group) continue;
         // Grouped scales: a window per slot (its single group row); channelwise:
         // one window for the warpgroup's whole run.
-        const bool close = grouped || i + 2 >= run_end;
+        const bool close = grouped || i + W::groups >= run_end;
         const Slot sl = arrive_slot(i);
-        Frag16x16 fr[W::k_rows][4];
+        uint32_t w[W::k_rows][4 * F::words];
+#pragma unroll
+        for (int row = 0; row < W::k_rows; ++row)
+          unit_words<F::words>(sl.b + (row * W::n_chunks + my_chunk) * 32 * W::b_words + lane * W::b_words, w[row]);
+        // Step by step: a step's images are made while the previous step's
+        // MMAs run (two fragment sets, alternating).
+        Frag16x16 fr[2][4];
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row) {
-          uint32_t w[4 * F::words];
-          unit_words<F::words>(sl.b + (row * W::n_chunks + my_chunk) * 32 * W::b_words + lane * W::b_words, w);
 #pragma unroll
           for (int h = 0; h < 4; ++h) {
             Frag16x16 unused;
-            F::template images<false>(w + h * F::words, fr[row][h], unused);
+            F::template images<false>(w[row] + h * F::words, fr[row & 1][h], unused);
           }
-        }
-        wgmma::fence();
-#pragma unroll
-        for (int row = 0; row < W::k_rows; ++row) {
+          wgmma::fence();
           const int keep = open && row == 0 ? 0 : 1;  // a window's first MMA overwrites the partials
 #pragma unroll
-          for (int h = 0; h < 4; ++h) wgmma::mma_m64k16<W::m_rows, kBf16>(part[h], fr[row][h].r, sl.desc + 2 * row, keep);
+          for (int h = 0; h < 4; ++h)
+            wgmma::mma_m64k16<W::m_rows, kBf16>(part[h], fr[row & 1][h].r, sl.desc + 2 * row, keep);
           if constexpr (kCorrect) wgmma::mma_m64k16<W::m_rows, kBf16>(corr, correction.r, sl.desc + 2 * row, keep);
+          wgmma::commit();
+          if (row + 1 < W::k_rows) wgmma::wait<1>();  // the previous step's fragments are free again
         }
-        wgmma::commit();
         if (close) {  // the window's group row is row 0 of its last slot
           if (grouped) {
             const int4 sc = sl.s[my_chunk * 8 + (lane >> 2)];
@@ -405,17 +409,20 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 
 template <int Tokens, class F, bool Images>
 cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
-  using W = WideTile<Tokens, F::bits>;
+  using W = WideTile<Tokens, F::bits, Images ? 3 : 2>;
   return launch_resident<wide_kernel<W, F, Images>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile,
                                                                   args, launch, stage);
 }
 
 // Image mode serves 16-row slabs with groups of at least one slot (64) or
-// channelwise scales; bf16 8-bit codes (two images per code) keep dequantising.
+// channelwise scales. 8-bit weights with groups of 32, and bf16 8-bit codes
+// (two images per code), dequantise in the 16-row tile; 4-bit weights with
+// groups of 32 are not built for it (the planner keeps them on the 8-warp kernel).
 template <int Tokens, class F>
 cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
   if constexpr (Tokens <= 16 && !F::act_x16_image && !F::e8m0_scales) {
     if (args.group_shift < 0 || args.group_shift >= 6) return launch_wide_kernel<Tokens, F, true>(args, launch, stage);
+    if constexpr (F::bits == 4) return cudaErrorInvalidValue;
   }
   return launch_wide_kernel<Tokens, F, false>(args, launch, stage);
 }
@@ -425,11 +432,7 @@ template <AType A, WType Wt>
 cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage) {
   using F = Format<A, Wt>;
   switch (tokens) {
-    case 16:
-      // Built for 8-bit weights only: for 4-bit ones the 8-warp kernel's deep
-      // tile streams faster at 16 rows and below (see NOTES.md).
-      if constexpr (F::bits == 8) return launch_wide_tile<16, F>(args, launch, stage);
-      return cudaErrorInvalidValue;
+    case 16: return launch_wide_tile<16, F>(args, launch, stage);
     case 64: return launch_wide_tile<64, F>(args, launch, stage);
     case 128: return launch_wide_tile<128, F>(args, launch, stage);
     default: return cudaErrorInvalidValue;

@@ -9,8 +9,11 @@ namespace ferrum::dense {
 // Shared memory the wide kernel may use per block (Hopper opt-in maximum).
 constexpr size_t kWideSmemBudget = 227 * 1024;
 
-template <int Tokens, int Bits>
+// Groups: consumer warpgroups (two; three for the image mode of 16-row slabs,
+// whose warpgroups take whole slots in turn).
+template <int Tokens, int Bits, int Groups = 2>
 struct WideTile {
+  static_assert(Groups == 2 || (Groups == 3 && Tokens == 16), "three consumer warpgroups serve 16-row slabs");
   static_assert(Tokens == 16 || Tokens == 64 || Tokens == 128, "warpgroup MMA widths built: 16, 64 and 128 tokens");
   static constexpr int m_rows = Tokens;  // activation rows per slab = MMA n
   static constexpr int m8 = Tokens / 8;
@@ -20,11 +23,13 @@ struct WideTile {
   static constexpr int k_tile = 64;
   static constexpr int b_words = Bits / 4;
   static constexpr int producers = 128;
-  static constexpr int consumers = 256;
+  static constexpr int groups = Groups;
+  static constexpr int consumers = 128 * Groups;
   static constexpr int threads = producers + consumers;
   // Registers per thread after the hand-over (65536 per SM, one block).
   static constexpr int producer_regs = 40;
-  static constexpr int consumer_regs = 232;
+  static constexpr int consumer_regs = Groups == 2 ? 232 : 152;
+  static_assert(producers * producer_regs + consumers * consumer_regs <= 65536, "register file");
   // Per slot, in 16-byte units. Groups of 32 put two scale rows into a slot.
   static constexpr int a_stage = Tokens * 8;
   static constexpr int b_stage = k_rows * n_chunks * 32 * b_words;
