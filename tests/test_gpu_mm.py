@@ -201,11 +201,11 @@ def test_tall_slabs_with_many_contributors_per_column(cp, b_type, dtype_name, m)
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("b_type, group_size", [("U8B128", -1), ("U8B128", 32), ("U8B128", 128), ("FE4M3FN", -1),
-                                                ("FE4M3FN", 128)])
+                                                ("FE4M3FN", 128), ("U4", 64), ("U4B8", -1), ("U4B8", 128)])
 @pytest.mark.parametrize("m", [9, 13])
-def test_short_8bit_slabs_with_many_contributors_per_column(cp, b_type, group_size, dtype_name, m):
-    # 9..16 rows of 8-bit weights (Hopper: the wide kernel's 16-row tile; image
-    # mode, or dequantisation for groups of 32 and bf16 INT8) on a long K, with
+def test_short_slabs_with_many_contributors_per_column(cp, b_type, group_size, dtype_name, m):
+    # 9..16 rows (Hopper: the wide kernel's 16-row tile; image mode, or
+    # dequantisation for 8-bit groups of 32 and bf16 INT8) on a long K, with
     # rows past m zero-filled in the slab.
     weight = make_weight(b_type, DTYPES[dtype_name], group_size, False, k=4096, n=1024, seed=15)
     x = to_device(cp, activations(m, weight.k, weight.dtype, seed=16))
