@@ -96,22 +96,25 @@ TileInfo tile_info(int m8, NConfig nc, int bits) {
   return bits == 8 ? info_bits<8>(m8, nc) : info_bits<4>(m8, nc);
 }
 
-// On Hopper (sm_90a) problems of more than 8 rows whose n and k the 256 x 64
-// tile divides take the warp-specialised kernel; elsewhere small slabs on long problems (at
-// least 8 units per resident block, two blocks per SM) take 16 KB 4-bit weight
-// stages; otherwise 128x128 tiles keep many columns and short k runs. 64-row
-// slabs prefer 256 columns per tile, which halves the activation traffic per
-// weight byte.
-NConfig auto_config(int m, int n, int k, int group_size, int sms, int bits, bool hopper) {
+// On Hopper (sm_90a) problems of more than 16 rows (and most of 9..16, see
+// below) whose n and k the 256 x 64 tile divides take the warp-specialised kernel;
+// elsewhere small slabs on long problems (at least 8 units per resident block,
+// two blocks per SM) take 16 KB 4-bit weight stages; otherwise 128x128 tiles
+// keep many columns and short k runs. 64-row slabs prefer 256 columns per
+// tile, which halves the activation traffic per weight byte.
+NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType w, bool hopper) {
   const int m8 = slab_m8(m);
+  const int bits = weight_bits(w);
   if (hopper && n % 256 == 0 && k % 64 == 0) {
     if (m > 16) return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
-    // 8-bit weights, 9..16 rows: the 16-row wide tile streams 2-21 % faster
-    // than the 8-warp kernel (H200); at 8 rows and below it is not faster.
     // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
-    // the 8-warp kernel; at 8 rows and below it is not faster). 4-bit weights
-    // only where its image mode applies (groups of 64 or more, channelwise).
-    if (m > 8 && (bits == 8 || group_size != 32)) return NConfig::WIDE_T16;
+    // the 8-warp kernel; at 8 rows and below it is not faster), where its
+    // image mode folds a slot's partials per group (64 or 128), where images
+    // carry no offset (FP8), or where it dequantises (bf16 INT8, INT8 groups of
+    // 32). Channelwise INT4 and fp16 INT8 stay on the 8-warp kernel: the tile
+    // would carry their images' offset through a whole k run (wide_kernel.cuh).
+    const bool dequantised = w == WType::U8B128 && (a == AType::BF16 || group_size == 32);
+    if (m > 8 && (w == WType::FE4M3FN || dequantised || group_size >= 64)) return NConfig::WIDE_T16;
   }
   if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
   if (bits == 4 && m8 <= kDeepTileMaxM8 && n % 256 == 0 &&

@@ -73,7 +73,7 @@ int w4a16(const void* A, const void* B, void* C, const void* s, int prob_m, int 
                      prob_n / narrowest, max_par);
   DeviceFacts facts{};
   if (int st = query_device(kEntry, dev, sms, &facts)) return st;
-  if (!forced) nc = auto_config(prob_m, prob_n, prob_k, groupsize, facts.sms, kBits, facts.hopper);
+  if (!forced) nc = auto_config(prob_m, prob_n, prob_k, groupsize, facts.sms, AType::F16, WType::U4B8, facts.hopper);
   else if (nc == NConfig::N256_K64 && m8 == 8 && facts.hopper) nc = NConfig::N256_K64_WGMMA;
   const TileInfo tile = tile_info(m8, nc, kBits);
   if (int st = check_tile_fits(kEntry, tile, prob_n, prob_k)) return st;

@@ -181,7 +181,7 @@ int mm(const FerrumMarlinLaunch* launch) {
   DeviceFacts facts{};
   if (int st = query_device(kEntry, l.device, l.sms, &facts)) return st;
   if (int st = check_capacities(l, facts.sms)) return st;
-  if (!forced) nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, bits, facts.hopper);
+  if (!forced) nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
   else if (nc == NConfig::N256_K64 && m8 == 8 && facts.hopper) nc = NConfig::N256_K64_WGMMA;
   const TileInfo tile = tile_info(m8, nc, bits);
   if (int st = check_tile_fits(kEntry, tile, l.n, l.k)) return st;

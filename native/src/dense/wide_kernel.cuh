@@ -16,15 +16,14 @@
 // retired. Warpgroup 0's copies per slot are a few adds each (offsets fixed per
 // thread): as a serial integer stream they had been the bottleneck.
 //
-// 16-row slabs of 8-bit weights (a weight stream, not compute-bound) run in
-// "image mode" instead: raw code images, a correction MMA and fp32 group
-// scales (as the 8-warp kernel's short slabs), with whole slots handed to the
-// two consumer warpgroups in turn (see the image-mode loop below).
+// 16-row slabs (a weight stream, not compute-bound) run in "image mode"
+// instead: raw code images, a correction MMA and fp32 group scales (as the
+// 8-warp kernel's short slabs), with whole slots handed to three consumer
+// warpgroups in turn (see the image-mode loop below). The description above is
+// the dequantisation mode of the taller tiles.
 #pragma once
 
 #include <cuda_fp16.h>
-
-#include <type_traits>
 
 #include "../core/formats.cuh"
 #include "../core/mbarrier.cuh"
@@ -45,6 +44,9 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   constexpr int kStages = W::stages;
   // Image mode hands each slot to one consumer warpgroup (see below).
   constexpr int kSlotConsumers = Images ? 128 : W::consumers;
+  // A warpgroup waits on a slot's phase parity only; the slots it skips must
+  // not lap it (its next slot is at most `groups` fills ahead).
+  static_assert(!Images || kStages >= W::groups, "more slots than consumer warpgroups");
   static_assert(Images || W::groups == 2, "dequantisation mode: two warpgroups of two chunks each");
   // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
   extern __shared__ __align__(1024) int4 smem[];
@@ -160,8 +162,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   // ---- consumer warpgroups: shared -> registers -> tensor cores ---------------
   wgmma::claim_registers<W::consumer_regs>();
   const int ctid = tid - W::producers;
-  const int group = role - 1;       // owns chunks 2*group and 2*group + 1
-  // The 64-row A operand of MMA h (h = 0, 1) of this warpgroup: warp w
+  const int group = role - 1;  // dequantisation mode: owns chunks 2*group and 2*group + 1
+  // Dequantisation mode: the 64-row A operand of MMA h (h = 0, 1) of this warpgroup: warp w
   // supplies tile 2 (w % 2) + h of chunk 2 group + w / 2, so a lane's two
   // tiles are adjacent words of its 16-byte Marlin unit (one 8- or 16-byte
   // shared load per step instead of two 4-way-conflicting ones).
@@ -270,9 +272,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   };
 
   const uint64_t a_desc0 = wgmma::sw128_kmajor_desc(sh_a);
-  int release = -1;  // the slot whose MMAs may still be in flight
-  // A slot, once its copies landed: the lane's words of every step (the
-  // shared-memory latency paid once per slot) and the slot's descriptor.
+  // A slot whose copies have landed: where its weights, scales and zero
+  // points are, and its activations' descriptor.
   struct Slot {
     int index;
     const int4* b;
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     const int4* z;
     uint64_t desc;  // a 16-deep step is 32 bytes further into the 128-byte rows: +2
   };
-  auto arrive_slot = [&](int i) -> Slot {
+  auto await_slot = [&](int i) -> Slot {
     const int slot = i % kStages;
     mbar::wait(full + slot, (i / kStages) & 1);
     wgmma::fence_async_shared();  // the copies' writes, visible to the MMA's async proxy
@@ -296,11 +297,15 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     // fp16/bf16 images by bit operations only (formats.cuh), one more MMA per
     // step with a constant fragment removes their offset, and scales are
     // applied to fp32 partial sums once per slot (grouped) or once per k run
-    // (channelwise: the epilogue applies them). And the three warpgroups take
-    // whole slots in turn (slot i: warpgroup i mod 3), so three slots are in
-    // work at once, each a step-by-step pipeline of images and MMAs. Warp w
-    // owns chunk w: per step, MMA h takes tile h of every chunk, and a lane's
-    // four tiles are one 16-byte Marlin unit.
+    // (channelwise: the epilogue applies them; the planner sends channelwise
+    // formats whose images carry an offset to the 8-warp kernel, because a
+    // k run's partials would hold ~1000 x the activation sums and lose
+    // precision to it when the activations' mean is not zero). And the three
+    // warpgroups take whole slots in turn (slot i: warpgroup i mod 3), so
+    // three slots are in work at once, each a step-by-step pipeline of images
+    // and MMAs. Warp w owns chunk w: per step, MMA h takes tile h of every
+    // chunk, and a lane's four tiles are its Marlin unit (one 16-byte load;
+    // two for 8-bit codes).
     constexpr bool kCorrect = F::const_correction || F::zero_points;
     const Frag16x16 correction = F::template correction<false>();
     float part[4][W::m8][4];
@@ -320,7 +325,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         // Grouped scales: a window per slot (its single group row); channelwise:
         // one window for the warpgroup's whole run.
         const bool close = grouped || i + W::groups >= run_end;
-        const Slot sl = arrive_slot(i);
+        const Slot sl = await_slot(i);
         uint32_t w[W::k_rows][4 * F::words];
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row)
@@ -368,6 +373,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     // MMA groups (steps) left in flight while the next step is dequantised.
     constexpr int kPending = 3;
     static_assert(kPending < W::k_rows, "a slot is released within the next slot's steps");
+    int release = -1;  // the slot whose MMAs may still be in flight
     Frag16x16 f[W::k_rows][2];
 #pragma unroll 1
     while (i < count) {
@@ -375,7 +381,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
       zero_acc();
 #pragma unroll 1
       for (; i < run_end; ++i) {
-        const Slot sl = arrive_slot(i);
+        const Slot sl = await_slot(i);
         StepWords sw[W::k_rows];
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row) read_step(sl.b, sl.s, sl.z, row, sw[row]);
@@ -420,11 +426,14 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
 // groups of 32 are not built for it (the planner keeps them on the 8-warp kernel).
 template <int Tokens, class F>
 cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
-  if constexpr (Tokens <= 16 && !F::act_x16_image && !F::e8m0_scales) {
+  constexpr bool kImages = Tokens <= 16 && !F::act_x16_image && !F::e8m0_scales;
+  // 16-row dequantisation: only INT8 (U8B128) reaches it (groups of 32; bf16).
+  constexpr bool kDequant = Tokens > 16 || (F::bits == 8 && F::const_correction);
+  if constexpr (kImages) {
     if (args.group_shift < 0 || args.group_shift >= 6) return launch_wide_kernel<Tokens, F, true>(args, launch, stage);
-    if constexpr (F::bits == 4) return cudaErrorInvalidValue;
   }
-  return launch_wide_kernel<Tokens, F, false>(args, launch, stage);
+  if constexpr (kDequant) return launch_wide_kernel<Tokens, F, false>(args, launch, stage);
+  return cudaErrorInvalidValue;
 }
 
 // The wide kernels of one format: slabs of 16, 64 or 128 activation rows.
