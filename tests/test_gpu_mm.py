@@ -204,9 +204,10 @@ def test_tall_slabs_with_many_contributors_per_column(cp, b_type, dtype_name, m)
                                                 ("FE4M3FN", 128), ("U4", 64), ("U4B8", -1), ("U4B8", 128)])
 @pytest.mark.parametrize("m", [9, 13])
 def test_short_slabs_with_many_contributors_per_column(cp, b_type, group_size, dtype_name, m):
-    # 9..16 rows (Hopper: the wide kernel's 16-row tile; image mode, or
-    # dequantisation for 8-bit groups of 32 and bf16 INT8) on a long K, with
-    # rows past m zero-filled in the slab.
+    # 9..16 rows (Hopper: the wide kernel's 16-row tile — image mode, or
+    # dequantisation for INT8 groups of 32 and bf16 INT8; channelwise INT4 and
+    # fp16 INT8 take the 8-warp kernel) on a long K, with rows past m
+    # zero-filled in the slab.
     weight = make_weight(b_type, DTYPES[dtype_name], group_size, False, k=4096, n=1024, seed=15)
     x = to_device(cp, activations(m, weight.k, weight.dtype, seed=16))
     ref = reference_product(cp, to_host(x), weight.reference_dequant())
