@@ -205,14 +205,27 @@ def test_tall_slabs_with_many_contributors_per_column(cp, b_type, dtype_name, m)
 @pytest.mark.parametrize("m", [9, 13])
 def test_short_slabs_with_many_contributors_per_column(cp, b_type, group_size, dtype_name, m):
     # 9..16 rows (Hopper: the wide kernel's 16-row tile — image mode, or
-    # dequantisation for INT8 groups of 32 and bf16 INT8; channelwise INT4 and
-    # fp16 INT8 take the 8-warp kernel) on a long K, with rows past m
-    # zero-filled in the slab.
+    # dequantisation for INT8 groups of 32 and bf16 INT8) on a long K, with
+    # rows past m zero-filled in the slab.
     weight = make_weight(b_type, DTYPES[dtype_name], group_size, False, k=4096, n=1024, seed=15)
     x = to_device(cp, activations(m, weight.k, weight.dtype, seed=16))
     ref = reference_product(cp, to_host(x), weight.reference_dequant())
     assert relative_l2(ff.linear(x, weight), ref) < TOLERANCE[weight.dtype]
     assert relative_l2(ff.linear(x, weight, fp32_reduce=True), ref) < TOLERANCE[weight.dtype]
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("b_type", ["U8B128", "U4B8", "U4"])
+def test_channelwise_short_slabs_with_biased_activations(cp, b_type, dtype_name):
+    # Integer codes' images carry an offset (~1000 x the activation sums) that
+    # the 16-row tile removes per slot; activations with a mean of 3 over a
+    # long K expose partial sums that carry it further (their fp32 precision
+    # drops by the ratio of that offset to the result).
+    weight = make_weight(b_type, DTYPES[dtype_name], -1, False, k=8192, n=512, seed=21)
+    x_host = (activations(16, weight.k, np.float32, seed=22) + 3.0).astype(weight.dtype)
+    ref = reference_product(cp, x_host, weight.reference_dequant())
+    x = to_device(cp, x_host)
+    assert relative_l2(ff.linear(x, weight, fp32_reduce=True), ref) < TOLERANCE[weight.dtype] / 2
 
 
 @pytest.mark.parametrize("tile", [(128, 128), (64, 256), (128, 64), (128, 256)])

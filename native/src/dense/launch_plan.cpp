@@ -109,12 +109,11 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType
     if (m > 16) return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
     // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
     // the 8-warp kernel; at 8 rows and below it is not faster), where its
-    // image mode folds a slot's partials per group (64 or 128), where images
-    // carry no offset (FP8), or where it dequantises (bf16 INT8, INT8 groups of
-    // 32). Channelwise INT4 and fp16 INT8 stay on the 8-warp kernel: the tile
-    // would carry their images' offset through a whole k run (wide_kernel.cuh).
+    // image mode folds a slot's partials per group (64 or 128) or channelwise,
+    // or where it dequantises (bf16 INT8, INT8 groups of 32). 4-bit groups of
+    // 32 stay on the 8-warp kernel (not built for the tile).
     const bool dequantised = w == WType::U8B128 && (a == AType::BF16 || group_size == 32);
-    if (m > 8 && (w == WType::FE4M3FN || dequantised || group_size >= 64)) return NConfig::WIDE_T16;
+    if (m > 8 && (group_size < 0 || group_size >= 64 || dequantised)) return NConfig::WIDE_T16;
   }
   if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
   if (bits == 4 && m8 <= kDeepTileMaxM8 && n % 256 == 0 &&

@@ -297,10 +297,11 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     // fp16/bf16 images by bit operations only (formats.cuh), one more MMA per
     // step with a constant fragment removes their offset, and scales are
     // applied to fp32 partial sums once per slot (grouped) or once per k run
-    // (channelwise: the epilogue applies them; the planner sends channelwise
-    // formats whose images carry an offset to the 8-warp kernel, because a
-    // k run's partials would hold ~1000 x the activation sums and lose
-    // precision to it when the activations' mean is not zero). And the three
+    // (channelwise formats without an image offset: the epilogue applies
+    // them). Images that carry an offset (integer codes) are folded every
+    // slot, with unit scales when channelwise: a k run's partials would hold
+    // ~1000 x the activation sums and lose precision to it when the
+    // activations' mean is not zero. And the three
     // warpgroups take whole slots in turn (slot i: warpgroup i mod 3), so
     // three slots are in work at once, each a step-by-step pipeline of images
     // and MMAs. Warp w owns chunk w: per step, MMA h takes tile h of every
@@ -322,9 +323,9 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #pragma unroll 1
       for (; i < run_end; ++i) {
         if (i % W::groups != group) continue;
-        // Grouped scales: a window per slot (its single group row); channelwise:
-        // one window for the warpgroup's whole run.
-        const bool close = grouped || i + W::groups >= run_end;
+        // A window per slot (grouped: its single group row; offset images: see
+        // above); otherwise one window for the warpgroup's whole run.
+        const bool close = grouped || kCorrect || i + W::groups >= run_end;
         const Slot sl = await_slot(i);
         uint32_t w[W::k_rows][4 * F::words];
 #pragma unroll
