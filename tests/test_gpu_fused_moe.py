@@ -291,6 +291,23 @@ def test_consecutive_calls_reuse_the_scratch_and_agree(cp):
     assert relative_l2(out, reference(smaller.lay, smaller.x, smaller.weights, smaller.ids)) < TOLERANCE[F16]
 
 
+def test_stacked_layers_run_back_to_back_without_host_syncs(cp):
+    # Layer 2 reads layer 1's output, and its router output and alignment
+    # overwrite the scratch layer 1's kernels read: chained launches
+    # (programmatic dependents on Hopper) must still see stream order.
+    first = case("u4b8", 64, 256, 8, seed=11)
+    lay = first.lay
+    weights2_host, ids2_host = routing(np.random.default_rng(12), 256, 8, 64)
+    x = to_device(cp, first.x)
+    weights1, ids1 = cp.asarray(first.weights), cp.asarray(first.ids)
+    weights2, ids2 = cp.asarray(weights2_host), cp.asarray(ids2_host)
+    out1 = ff.fused_moe(x, lay.w13, lay.w2, weights1, ids1)
+    out2 = ff.fused_moe(out1, lay.w13, lay.w2, weights2, ids2)
+    cp.cuda.get_current_stream().synchronize()
+    assert relative_l2(out1, reference(lay, first.x, first.weights, first.ids)) < TOLERANCE[lay.dtype]
+    assert relative_l2(out2, reference(lay, to_host(out1), weights2_host, ids2_host)) < TOLERANCE[lay.dtype]
+
+
 @pytest.mark.parametrize("kind, expert_parallel", [("u4b8", False), ("mxfp4", True)])
 def test_graph_capture_replays_on_a_non_default_stream(cp, kind, expert_parallel):
     experts, m, top_k = 16, 32, 4

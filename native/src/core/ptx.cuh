@@ -103,6 +103,13 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
 #endif
 }
+// The first statement of a kernel launched by launch_chained
+// (core/chained_launch.h): wait for the previous kernel of the stream, then
+// let the next one be scheduled (its blocks wait likewise).
+__device__ __forceinline__ void enter_chain() {
+  griddep_wait();
+  griddep_launch_dependents();
+}
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }

@@ -10,11 +10,12 @@
 
 #include <stddef.h>
 
+#include "types.h"
+
 namespace ferrum {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxDevices = 64;  // per-device caches of launch attributes
 
 template <int M8, int NChunks, int KRows, int Stages, int MinBlocks, int Bits, bool Wgmma = false>
 struct TileShape {

@@ -16,6 +16,8 @@ enum class WType : int {
   FE2M1 = 5,                        // MXFP4 (MoE only): E2M1 codes, E8M0 scales per 32
 };
 
+constexpr int kMaxDevices = 64;  // per-device caches of launch attributes
+
 constexpr int weight_bits(WType w) { return (w == WType::U8B128 || w == WType::FE4M3FN) ? 8 : 4; }
 
 }  // namespace ferrum

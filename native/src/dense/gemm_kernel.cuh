@@ -72,6 +72,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   int iters = p.iters;
   [[maybe_unused]] int used_ids = 0;
   if constexpr (R == Route::Sorted) {
+    ptx::enter_chain();  // the routing is the previous kernel's output
     used_ids = max(__ldg(p.route.used_ids), 0);
     slabs = (used_ids + T::m_rows - 1) / T::m_rows;
     const long long units = static_cast<long long>(slabs) * n_tiles * k_tiles;

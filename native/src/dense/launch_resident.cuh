@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "../core/chained_launch.h"
 #include "../core/tile.cuh"
 #include "ferrum_marlin.h"
 #include "gemm.h"
@@ -46,17 +47,7 @@ cudaError_t launch_resident(int threads, size_t smem_bytes, int max_blocks, int 
     grid = (total + args.iters - 1) / args.iters;
   }
   if (launch.overlap_previous) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = smem_bytes;
-    config.stream = launch.stream;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    const cudaError_t err = cudaLaunchKernelEx(&config, Kernel, args);
+    const cudaError_t err = launch_chained(Kernel, dim3(grid), dim3(threads), smem_bytes, launch.stream, args);
     if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
     return err;
   }

@@ -20,6 +20,8 @@
 // of an expert land in ascending order whatever the scheduling.
 #include <stdint.h>
 
+#include "../core/chained_launch.h"
+#include "../core/ptx.cuh"
 #include "../ops/entry_checks.h"
 
 namespace ferrum::moe {
@@ -105,6 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) align_kernel(const Routing r) {
   const int E = r.num_experts;
 
   for (int i = tid; i < r.segments * E; i += kThreads) counters[i] = 0;
+  ptx::enter_chain();  // topk_ids: the router's output
   __syncthreads();
   if (warp < r.segments) walk_segment<false>(r, counters + warp * E, warp, lane);
   __syncthreads();
@@ -226,6 +229,7 @@ extern "C" int ferrum_moe_align_block_size(const int* topk_ids, int num_tokens, 
 
   ferrum::DeviceGuard guard;
   if (int st = guard.enter(kEntry, dev)) return st;
-  align_kernel<<<1, kThreads, shared_bytes, reinterpret_cast<cudaStream_t>(stream)>>>(r);
+  ferrum::launch_chained(align_kernel, dim3(1), dim3(kThreads), shared_bytes,
+                         reinterpret_cast<cudaStream_t>(stream), r);
   return ferrum::ops::launched("ferrum_moe_align_block_size: launch");
 }

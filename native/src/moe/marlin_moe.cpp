@@ -198,7 +198,7 @@ int run(const MoeCall& m) {
 
   int stage = FERRUM_STAGE_KERNEL_LAUNCH;
   const cudaError_t err = launch_routed_gemm(m.a_type, m.w_type, m8, Route::Sorted, nc, args,
-                                             Launch{facts.sms, m.dev, m.stream}, &stage);
+                                             Launch{facts.sms, m.dev, m.stream, /*overlap_previous=*/true}, &stage);
   if (err != cudaSuccess) return fail_cuda(stage, err, m.entry);
   record_launch(LaunchRecord{m.entry, m.prob_m, n, k, tile.k_tile, tile.n_tile, m.moe_block_size, m.top_k,
                              m.group_size, bits, m.has_zp != 0, m.mul_topk_weights != 0, m.is_ep != 0,

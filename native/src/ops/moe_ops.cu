@@ -6,6 +6,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../core/chained_launch.h"
+#include "../core/ptx.cuh"
 #include "entry_checks.h"
 #include "values.cuh"
 
@@ -32,6 +34,7 @@ __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-
 template <AType A, int W>
 __global__ void __launch_bounds__(kThreads)
     silu_and_mul_kernel(const Scalar<A>* __restrict__ x, Scalar<A>* __restrict__ out, int d) {
+  ptx::enter_chain();
   const size_t row = blockIdx.x;
   const Scalar<A>* gate = x + row * 2 * static_cast<size_t>(d);
   const Scalar<A>* up = gate + d;
@@ -52,6 +55,7 @@ template <AType A, int W>
 __global__ void __launch_bounds__(kThreads)
     gpt_oss_swiglu_kernel(const Scalar<A>* __restrict__ x, Scalar<A>* __restrict__ out, int logical_d,
                           int physical_d, float alpha, float limit) {
+  ptx::enter_chain();
   const size_t row = blockIdx.x;
   const Scalar<A>* src = x + row * 2 * static_cast<size_t>(logical_d);
   Scalar<A>* dst = out + row * static_cast<size_t>(physical_d);
@@ -79,6 +83,7 @@ __global__ void __launch_bounds__(kThreads)
 template <AType A, int W>
 __global__ void __launch_bounds__(kThreads)
     moe_sum_kernel(const Scalar<A>* __restrict__ x, Scalar<A>* __restrict__ out, int top_k, int d) {
+  ptx::enter_chain();
   const size_t token = blockIdx.x;
   const Scalar<A>* src = x + token * top_k * static_cast<size_t>(d);
   Scalar<A>* dst = out + token * static_cast<size_t>(d);
@@ -110,9 +115,9 @@ void launch_silu_and_mul(const void* x, void* out, int rows, int d, bool vec, cu
   const auto* src = static_cast<const Scalar<A>*>(x);
   auto* dst = static_cast<Scalar<A>*>(out);
   if (vec)
-    silu_and_mul_kernel<A, 8><<<row_grid(rows, d / 8), kThreads, 0, stream>>>(src, dst, d);
+    launch_chained(silu_and_mul_kernel<A, 8>, row_grid(rows, d / 8), dim3(kThreads), 0, stream, src, dst, d);
   else
-    silu_and_mul_kernel<A, 1><<<row_grid(rows, d), kThreads, 0, stream>>>(src, dst, d);
+    launch_chained(silu_and_mul_kernel<A, 1>, row_grid(rows, d), dim3(kThreads), 0, stream, src, dst, d);
 }
 
 template <AType A>
@@ -121,11 +126,11 @@ void launch_gpt_oss_swiglu(const void* x, void* out, int rows, int logical_d, in
   const auto* src = static_cast<const Scalar<A>*>(x);
   auto* dst = static_cast<Scalar<A>*>(out);
   if (vec)
-    gpt_oss_swiglu_kernel<A, 8><<<row_grid(rows, physical_d / 8), kThreads, 0, stream>>>(
-        src, dst, logical_d, physical_d, alpha, limit);
+    launch_chained(gpt_oss_swiglu_kernel<A, 8>, row_grid(rows, physical_d / 8), dim3(kThreads), 0, stream, src,
+                   dst, logical_d, physical_d, alpha, limit);
   else
-    gpt_oss_swiglu_kernel<A, 1><<<row_grid(rows, physical_d), kThreads, 0, stream>>>(
-        src, dst, logical_d, physical_d, alpha, limit);
+    launch_chained(gpt_oss_swiglu_kernel<A, 1>, row_grid(rows, physical_d), dim3(kThreads), 0, stream, src,
+                   dst, logical_d, physical_d, alpha, limit);
 }
 
 template <AType A>
@@ -133,9 +138,9 @@ void launch_moe_sum(const void* x, void* out, int tokens, int top_k, int d, bool
   const auto* src = static_cast<const Scalar<A>*>(x);
   auto* dst = static_cast<Scalar<A>*>(out);
   if (vec)
-    moe_sum_kernel<A, 8><<<row_grid(tokens, d / 8), kThreads, 0, stream>>>(src, dst, top_k, d);
+    launch_chained(moe_sum_kernel<A, 8>, row_grid(tokens, d / 8), dim3(kThreads), 0, stream, src, dst, top_k, d);
   else
-    moe_sum_kernel<A, 1><<<row_grid(tokens, d), kThreads, 0, stream>>>(src, dst, top_k, d);
+    launch_chained(moe_sum_kernel<A, 1>, row_grid(tokens, d), dim3(kThreads), 0, stream, src, dst, top_k, d);
 }
 
 cudaStream_t as_stream(ferrum_stream_t s) { return reinterpret_cast<cudaStream_t>(s); }

@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../core/chained_launch.h"
+#include "../core/ptx.cuh"
 #include "entry_checks.h"
 #include "values.cuh"
 
@@ -29,6 +31,7 @@ template <class T, int kPerLane>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     topk_softmax_kernel(const T* __restrict__ logits, int num_tokens, int num_experts, int top_k,
                         bool renormalize, float* __restrict__ weights, int* __restrict__ ids) {
+  ptx::enter_chain();
   const int token = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (token >= num_tokens) return;  // whole warps leave together
   const int lane = threadIdx.x % 32;
@@ -91,8 +94,8 @@ template <class T, int kPerLane>
 void launch(const void* logits, int num_tokens, int num_experts, int top_k, bool renormalize,
             float* weights, int* ids, cudaStream_t stream) {
   const int blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  topk_softmax_kernel<T, kPerLane><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-      static_cast<const T*>(logits), num_tokens, num_experts, top_k, renormalize, weights, ids);
+  launch_chained(topk_softmax_kernel<T, kPerLane>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
+                 static_cast<const T*>(logits), num_tokens, num_experts, top_k, renormalize, weights, ids);
 }
 
 // The narrowest register row that holds num_experts logits.
