@@ -52,10 +52,12 @@ struct Format {
   static constexpr int scale_bytes = e8m0_scales ? 1 : 2;
   static_assert(W != WType::FE2M1 || bf16, "MXFP4 is built for bf16 activations");
   // Image path only: the activations' k+8 half is divided by 16 (fp16 U4B8,
-  // whose high images are 1024 + 16q: one shift fewer per word), or a second image multiplies 16 x the
-  // activations (bf16 8-bit, whose codes split into two nibble images).
+  // whose high images are 1024 + 16q: one shift fewer per word).
   static constexpr bool act_hi_div16 = W == WType::U4B8 && !bf16;
-  static constexpr bool act_x16_image = bits == 8 && bf16 && W == WType::U8B128;
+  // bf16 holds 8 significant bits, too few for 128 + q with an 8-bit q: the
+  // code q = lo + 16 hi becomes two images, 128 + lo and 2048 + 16 hi (both
+  // exact), that each multiply the activations.
+  static constexpr bool two_images = bits == 8 && bf16 && W == WType::U8B128;
   static constexpr bool const_correction = W == WType::U4B8 || W == WType::U8B128;
   // Exponent bits OR-ed onto a nibble: fp16 1024 + q, bf16 128 + q (exact).
   static constexpr uint32_t kExp = bf16 ? 0x43004300u : 0x64006400u;
@@ -67,7 +69,7 @@ struct Format {
   // HiDiv16 = false: every 4-bit image is E + q, also for fp16 U4B8 (for
   // kernels whose activations cannot be rescaled).
   template <bool HiDiv16 = act_hi_div16>
-  __device__ static void images(const uint32_t* w, Frag16x16& f, Frag16x16& f_x16) {
+  __device__ static void images(const uint32_t* w, Frag16x16& f, Frag16x16& f_hi) {
     if constexpr (W == WType::FE2M1) {
       // Nibbles as in the 4-bit layout below; sign to bit 15, e1 e0 m to bits 8..6.
       f.r[0] = fp4_pair(w[0] << 6, w[0] << 12);
@@ -96,15 +98,17 @@ struct Format {
       f.r[1] = __byte_perm(w[1], 0x64646464u, 0x4240);
       f.r[3] = __byte_perm(w[1], 0x64646464u, 0x4341);
     } else if constexpr (W == WType::U8B128) {
-      // q = lo + 16 hi: images 128 + lo (times a) and 128 + hi (times 16a).
+      // q = lo + 16 hi: images 128 + lo and, under exponent 2^11 (mantissa
+      // step 16), 2048 + 16 hi.
+      constexpr uint32_t kExpHi = 0x45004500u;
       f.r[0] = nibble_pair(w[0], kExp);
-      f_x16.r[0] = nibble_pair(w[0] >> 4, kExp);
+      f_hi.r[0] = nibble_pair(w[0] >> 4, kExpHi);
       f.r[2] = nibble_pair(w[0] >> 8, kExp);
-      f_x16.r[2] = nibble_pair(w[0] >> 12, kExp);
+      f_hi.r[2] = nibble_pair(w[0] >> 12, kExpHi);
       f.r[1] = nibble_pair(w[1], kExp);
-      f_x16.r[1] = nibble_pair(w[1] >> 4, kExp);
+      f_hi.r[1] = nibble_pair(w[1] >> 4, kExpHi);
       f.r[3] = nibble_pair(w[1] >> 8, kExp);
-      f_x16.r[3] = nibble_pair(w[1] >> 12, kExp);
+      f_hi.r[3] = nibble_pair(w[1] >> 12, kExpHi);
     } else {
       f.r[0] = fp8_odd(w[0] << 8);
       f.r[2] = fp8_odd(w[0]);
@@ -124,7 +128,7 @@ struct Format {
       if constexpr (!HiDiv16) return splat(0xe408e408u);                       // -1032
       return Frag16x16{{0xe408e408u, 0xe408e408u, 0xe480e480u, 0xe480e480u}};  // -1032, -1152
     } else if constexpr (W == WType::U8B128) {
-      if constexpr (bf16) return splat(0xc510c510u);  // -(128 + 16*128 + 128) = -2304
+      if constexpr (bf16) return splat(0xc510c510u);  // -(128 + 2048 + 128) = -2304
       return splat(0xe480e480u);                      // -1152
     } else if constexpr (W == WType::U4) {
       return splat(bf16 ? 0xbf80bf80u : 0xbc00bc00u);  // -1
@@ -145,8 +149,8 @@ struct Format {
 
   // Exact unscaled weight values (q - zero; FP8: value / 256; E2M1: value).
   __device__ static Frag16x16 dequant(const uint32_t* w, uint32_t zero) {
-    Frag16x16 f, f_x16;
-    images(w, f, f_x16);
+    Frag16x16 f, f_hi;
+    images(w, f, f_hi);
     if constexpr (W == WType::U4B8 && !bf16) {
       // 1024 + q - 1032 = q - 8;  (1024 + 16 q) / 16 - 72 = q - 8.
       f.r[0] = N::sub(f.r[0], 0x64086408u);
@@ -166,9 +170,9 @@ struct Format {
 #pragma unroll
       for (int i = 0; i < 4; ++i) f.r[i] = N::sub(f.r[i], 0x64806480u);  // 1024 + q - 1152
     } else if constexpr (W == WType::U8B128) {
-      // 16 (128 + hi) - 2304 + (128 + lo) = q - 128, every step exact in bf16.
+      // (2048 + 16 hi) - 2304 + (128 + lo) = q - 128, every step exact in bf16.
 #pragma unroll
-      for (int i = 0; i < 4; ++i) f.r[i] = N::add(N::fma(f_x16.r[i], 0x41804180u, 0xc510c510u), f.r[i]);
+      for (int i = 0; i < 4; ++i) f.r[i] = N::add(N::sub(f_hi.r[i], 0x45104510u), f.r[i]);
     }
     return f;
   }

@@ -459,11 +459,6 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 #pragma unroll
           for (int j = 0; j < T::m8; ++j) {
             if constexpr (F::act_hi_div16) bf[j][1] = N::mul(bf[j][1], 0x2c002c00u);  // 1/16
-            [[maybe_unused]] uint32_t bx[2] = {0u, 0u};
-            if constexpr (F::act_x16_image) {
-              bx[0] = N::mul(bf[j][0], 0x41804180u);  // 16
-              bx[1] = N::mul(bf[j][1], 0x41804180u);
-            }
             if constexpr (kCorrection) {
               const Frag16x16 cc = F::correction();
               if (open)
@@ -477,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
                 ptx::mma_16816_zero<kBf16>(part[t][j], f[t].r, bf[j][0], bf[j][1]);
               else
                 ptx::mma_16816<kBf16>(part[t][j], f[t].r, bf[j][0], bf[j][1]);
-              if constexpr (F::act_x16_image) ptx::mma_16816<kBf16>(part[t][j], fx[t].r, bx[0], bx[1]);
+              if constexpr (F::two_images) ptx::mma_16816<kBf16>(part[t][j], fx[t].r, bf[j][0], bf[j][1]);
             }
           }
           if (close) {

@@ -427,7 +427,7 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
 // groups of 32 are not built for it (the planner keeps them on the 8-warp kernel).
 template <int Tokens, class F>
 cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
-  constexpr bool kImages = Tokens <= 16 && !F::act_x16_image && !F::e8m0_scales;
+  constexpr bool kImages = Tokens <= 16 && !F::two_images && !F::e8m0_scales;
   // 16-row dequantisation: only INT8 (U8B128) reaches it (groups of 32; bf16).
   constexpr bool kDequant = Tokens > 16 || (F::bits == 8 && F::const_correction);
   if constexpr (kImages) {
