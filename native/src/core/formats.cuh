@@ -223,7 +223,8 @@ __device__ __forceinline__ void unit_words(const int4* src, uint32_t (&w)[4 * Wo
 // the accumulators: removes the images' offset (the correction products, with
 // zero points weighed per column by E + z) and applies the window's scale
 // pairs (tile t: columns c, c + 8; F::N::kOne pairs where the epilogue scales).
-template <class F, int M8>
+// CorrectionInPartials: the partials started from the correction products.
+template <class F, int M8, bool CorrectionInPartials = false>
 __device__ __forceinline__ void fold_images(float (&acc)[4][M8][4], const float (&part)[4][M8][4],
                                             const float (&corr)[M8][4], const uint32_t (&scale_pairs)[4],
                                             uint32_t zero_word) {
@@ -237,7 +238,7 @@ __device__ __forceinline__ void fold_images(float (&acc)[4][M8][4], const float 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float v = part[t][j][e];
-        if constexpr (F::const_correction) v += corr[j][e];
+        if constexpr (F::const_correction && !CorrectionInPartials) v += corr[j][e];
         if constexpr (F::zero_points) v = fmaf(e < 2 ? ez.x : ez.y, corr[j][e], v);
         acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[t][j][e]);
       }

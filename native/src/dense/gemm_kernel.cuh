@@ -343,21 +343,34 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // ---- shared -> registers -> tensor cores -----------------------------------
   // Activation fragments of one 16-deep k step: bf[j] = {k..k+1, k+8..k+9} of
   // m8 tile j. Matrix (lane/8) of ldmatrix.x4 is (tile jp + lane/16, k half
-  // (lane/8)%2); .x2 uses only the two k halves.
-  auto load_activations = [&](const int4* sa, int row, uint32_t (&bf)[T::m8][2]) {
+  // (lane/8)%2); .x2 uses only the two k halves. Step `row` is 16-byte unit
+  // u = 2 row + (lane/8)%2 of the stage's 128-byte rows, at
+  // (u/8)(rows 8) + r 8 + ((u%8) ^ (r%8)) for matrix row r (128-byte swizzle).
+  // A warp's steps are row0 + d/2 with 2 row0 + 1 and d sharing no bits (its
+  // steps interleave with a power-of-two warp stride, or are consecutive from
+  // a power-of-two-aligned row0), so that offset is the lane's offset for
+  // row0 with d's low bits XOR-ed in and d/8 rows added: compile-time
+  // constants after unrolling, on a base fixed per thread.
+  static_assert((T::warps_k & (T::warps_k - 1)) == 0 && (T::rows_per_warp & (T::rows_per_warp - 1)) == 0,
+                "powers of two: a warp's step offsets are bit-disjoint");
+  auto activation_base = [&](int row0) {
+    const int u0 = 2 * row0 + ((lane >> 3) & 1);
     const int r8 = lane & 7;
-    const int unit = 2 * row + ((lane >> 3) & 1);
+    const int mr = T::m8 == 1 ? r8 : 8 * (lane >> 4) + r8;
+    return (u0 >> 3) * (T::m_rows * 8) + mr * 8 + ((u0 & 7) ^ r8);
+  };
+  auto load_activations = [&](const int4* sa, int base, int d, uint32_t (&bf)[T::m8][2]) {
+    const int4* const src = sa + ((base ^ (d & 7)) + (d >> 3) * (T::m_rows * 8));
     if constexpr (T::m8 == 1) {
       uint32_t r[2];
-      ptx::ldmatrix_x2(r, sa + (unit >> 3) * (T::m_rows * 8) + r8 * 8 + ((unit & 7) ^ r8));
+      ptx::ldmatrix_x2(r, src);
       bf[0][0] = r[0];
       bf[0][1] = r[1];
     } else {
 #pragma unroll
       for (int jp = 0; jp < T::m8; jp += 2) {
-        const int mr = 8 * (jp + (lane >> 4)) + r8;
         uint32_t r[4];
-        ptx::ldmatrix_x4(r, sa + (unit >> 3) * (T::m_rows * 8) + mr * 8 + ((unit & 7) ^ r8));
+        ptx::ldmatrix_x4(r, src + 64 * jp);  // tile jp: 8 jp rows of 8 units further
         bf[jp][0] = r[0];
         bf[jp][1] = r[1];
         bf[jp + 1][0] = r[2];
@@ -443,9 +456,37 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         // group (per warp share of it), not once per step.
         constexpr bool kPerRow = PerRowGroups;
         const int group_mask = kPerRow ? (1 << (p.group_shift - 4)) - 1 : 0;  // k steps per group - 1
+        const int row0 = kPerRow ? warp_k * T::rows_per_warp : warp_k;
+        const int row_stride = kPerRow ? 1 : T::warps_k;
+        const int a_base = activation_base(row0);
+        auto activations = [&](int row, uint32_t (&bf)[T::m8][2]) {
+          load_activations(sa, a_base, 2 * (row - row0), bf);
+#pragma unroll
+          for (int j = 0; j < T::m8; ++j)
+            if constexpr (F::act_hi_div16) bf[j][1] = N::mul(bf[j][1], 0x2c002c00u);  // 1/16
+        };
+        // One window per stage and one correction for every column (no zero
+        // points): the correction's products over the window come first and
+        // start every tile's partials, so the fold adds nothing.
+        constexpr bool kCorrectionFirst = !kPerRow && F::const_correction;
+        [[maybe_unused]] uint32_t bf_all[kCorrectionFirst ? T::rows_per_warp : 1][T::m8][2];
+        if constexpr (kCorrectionFirst) {
+          const Frag16x16 cc = F::correction();
+#pragma unroll
+          for (int rr = 0; rr < T::rows_per_warp; ++rr) {
+            activations(row0 + rr * row_stride, bf_all[rr]);
+#pragma unroll
+            for (int j = 0; j < T::m8; ++j) {
+              if (rr == 0)
+                ptx::mma_16816_zero<kBf16>(corr[j], cc.r, bf_all[rr][j][0], bf_all[rr][j][1]);
+              else
+                ptx::mma_16816<kBf16>(corr[j], cc.r, bf_all[rr][j][0], bf_all[rr][j][1]);
+            }
+          }
+        }
 #pragma unroll
         for (int rr = 0; rr < T::rows_per_warp; ++rr) {
-          const int row = kPerRow ? warp_k * T::rows_per_warp + rr : warp_k + rr * T::warps_k;
+          const int row = row0 + rr * row_stride;
           const bool open = rr == 0 || (kPerRow && (row & group_mask) == 0);
           const bool close = rr == T::rows_per_warp - 1 || (kPerRow && (row & group_mask) == group_mask);
           const int s_row = (16 * row) >> z_shift;
@@ -455,11 +496,18 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 #pragma unroll
           for (int t = 0; t < 4; ++t) F::images(w + t * F::words, f[t], fx[t]);
           uint32_t bf[T::m8][2];
-          load_activations(sa, row, bf);
+          if constexpr (kCorrectionFirst) {
+#pragma unroll
+            for (int j = 0; j < T::m8; ++j) {
+              bf[j][0] = bf_all[rr][j][0];
+              bf[j][1] = bf_all[rr][j][1];
+            }
+          } else {
+            activations(row, bf);
+          }
 #pragma unroll
           for (int j = 0; j < T::m8; ++j) {
-            if constexpr (F::act_hi_div16) bf[j][1] = N::mul(bf[j][1], 0x2c002c00u);  // 1/16
-            if constexpr (kCorrection) {
+            if constexpr (kCorrection && !kCorrectionFirst) {
               const Frag16x16 cc = F::correction();
               if (open)
                 ptx::mma_16816_zero<kBf16>(corr[j], cc.r, bf[j][0], bf[j][1]);
@@ -468,7 +516,9 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
             }
 #pragma unroll
             for (int t = 0; t < 4; ++t) {
-              if (open)
+              if (open && kCorrectionFirst)
+                ptx::mma_16816_from<kBf16>(part[t][j], f[t].r, bf[j][0], bf[j][1], corr[j]);
+              else if (open)
                 ptx::mma_16816_zero<kBf16>(part[t][j], f[t].r, bf[j][0], bf[j][1]);
               else
                 ptx::mma_16816<kBf16>(part[t][j], f[t].r, bf[j][0], bf[j][1]);
@@ -479,18 +529,19 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
             // Channelwise scales wait for the epilogue.
             uint32_t sp[4] = {N::kOne, N::kOne, N::kOne, N::kOne};
             if (grouped) scale_pairs(ss, s_row, sp);
-            fold_images<F>(acc, part, corr, sp, zero_word(sz, s_row));
+            fold_images<F, T::m8, kCorrectionFirst>(acc, part, corr, sp, zero_word(sz, s_row));
           }
         }
       }
     } else {
+      const int a_base = activation_base(warp_k);
 #pragma unroll
       for (int rr = 0; rr < T::rows_per_warp; ++rr) {
         const int row = warp_k + rr * T::warps_k;
         Frag16x16 f[4];
         scaled_fragments(sb, ss, sz, row, f);
         uint32_t bf[T::m8][2];
-        load_activations(sa, row, bf);
+        load_activations(sa, a_base, 2 * rr * T::warps_k, bf);
 #pragma unroll
         for (int t = 0; t < 4; ++t)
 #pragma unroll
