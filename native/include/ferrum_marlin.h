@@ -257,6 +257,10 @@ FERRUM_API int ferrum_marlin_mm(const FerrumMarlinLaunch* launch);
  * library cannot see E and trusts the routing arrays, like every MoE kernel.
  * FERRUM_VLLM_MOE_THREAD_K / _THREAD_N force a tile when both are set (an unknown
  * pair is an argument error).
+ * On sm_90 and newer these GEMMs, the align, router and elementwise ops below are
+ * launched as programmatic dependents of the stream's previous kernel: their
+ * blocks are scheduled while it finishes and wait for it before touching memory,
+ * so stream order holds exactly as with plain launches (and in graphs).
  */
 #define FERRUM_MOE_WORKSPACE_INTS_PER_SM 4
 #define FERRUM_MOE_C_TMP_FLOATS_PER_SM_PER_ROW 1024
