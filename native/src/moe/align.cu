@@ -229,7 +229,7 @@ extern "C" int ferrum_moe_align_block_size(const int* topk_ids, int num_tokens, 
 
   ferrum::DeviceGuard guard;
   if (int st = guard.enter(kEntry, dev)) return st;
-  ferrum::launch_chained(align_kernel, dim3(1), dim3(kThreads), shared_bytes,
-                         reinterpret_cast<cudaStream_t>(stream), r);
-  return ferrum::ops::launched("ferrum_moe_align_block_size: launch");
+  const cudaError_t err = ferrum::launch_chained(align_kernel, dim3(1), dim3(kThreads), shared_bytes,
+                                                 reinterpret_cast<cudaStream_t>(stream), r);
+  return ferrum::ops::launched(err, "ferrum_moe_align_block_size: launch");
 }

@@ -40,10 +40,9 @@ inline int check_dtype(const char* entry, int dtype, bool allow_f32) {
 
 inline int element_bytes(int dtype) { return dtype == FERRUM_DTYPE_F32 ? 4 : 2; }
 
-// The status of the launch just enqueued (a bad configuration or a missing
-// kernel image shows up here, not at the call).
-inline int launched(const char* what) {
-  const cudaError_t err = cudaGetLastError();
+// The status of a launch (launch_chained's result: a bad configuration or a
+// missing kernel image shows up there, not at the call).
+inline int launched(cudaError_t err, const char* what) {
   return err == cudaSuccess ? 0 : fail_cuda(FERRUM_STAGE_KERNEL_LAUNCH, err, what);
 }
 

@@ -111,36 +111,34 @@ int check_common(const char* entry, const void* x, const void* out, int dtype) {
 bool vectorisable(const void* x, const void* out) { return aligned(x, 16) && aligned(out, 16); }
 
 template <AType A>
-void launch_silu_and_mul(const void* x, void* out, int rows, int d, bool vec, cudaStream_t stream) {
+cudaError_t launch_silu_and_mul(const void* x, void* out, int rows, int d, bool vec, cudaStream_t stream) {
   const auto* src = static_cast<const Scalar<A>*>(x);
   auto* dst = static_cast<Scalar<A>*>(out);
   if (vec)
-    launch_chained(silu_and_mul_kernel<A, 8>, row_grid(rows, d / 8), dim3(kThreads), 0, stream, src, dst, d);
-  else
-    launch_chained(silu_and_mul_kernel<A, 1>, row_grid(rows, d), dim3(kThreads), 0, stream, src, dst, d);
+    return launch_chained(silu_and_mul_kernel<A, 8>, row_grid(rows, d / 8), dim3(kThreads), 0, stream, src, dst, d);
+  return launch_chained(silu_and_mul_kernel<A, 1>, row_grid(rows, d), dim3(kThreads), 0, stream, src, dst, d);
 }
 
 template <AType A>
-void launch_gpt_oss_swiglu(const void* x, void* out, int rows, int logical_d, int physical_d, float alpha,
-                           float limit, bool vec, cudaStream_t stream) {
+cudaError_t launch_gpt_oss_swiglu(const void* x, void* out, int rows, int logical_d, int physical_d, float alpha,
+                                  float limit, bool vec, cudaStream_t stream) {
   const auto* src = static_cast<const Scalar<A>*>(x);
   auto* dst = static_cast<Scalar<A>*>(out);
   if (vec)
-    launch_chained(gpt_oss_swiglu_kernel<A, 8>, row_grid(rows, physical_d / 8), dim3(kThreads), 0, stream, src,
-                   dst, logical_d, physical_d, alpha, limit);
-  else
-    launch_chained(gpt_oss_swiglu_kernel<A, 1>, row_grid(rows, physical_d), dim3(kThreads), 0, stream, src,
-                   dst, logical_d, physical_d, alpha, limit);
+    return launch_chained(gpt_oss_swiglu_kernel<A, 8>, row_grid(rows, physical_d / 8), dim3(kThreads), 0, stream,
+                          src, dst, logical_d, physical_d, alpha, limit);
+  return launch_chained(gpt_oss_swiglu_kernel<A, 1>, row_grid(rows, physical_d), dim3(kThreads), 0, stream, src,
+                        dst, logical_d, physical_d, alpha, limit);
 }
 
 template <AType A>
-void launch_moe_sum(const void* x, void* out, int tokens, int top_k, int d, bool vec, cudaStream_t stream) {
+cudaError_t launch_moe_sum(const void* x, void* out, int tokens, int top_k, int d, bool vec, cudaStream_t stream) {
   const auto* src = static_cast<const Scalar<A>*>(x);
   auto* dst = static_cast<Scalar<A>*>(out);
   if (vec)
-    launch_chained(moe_sum_kernel<A, 8>, row_grid(tokens, d / 8), dim3(kThreads), 0, stream, src, dst, top_k, d);
-  else
-    launch_chained(moe_sum_kernel<A, 1>, row_grid(tokens, d), dim3(kThreads), 0, stream, src, dst, top_k, d);
+    return launch_chained(moe_sum_kernel<A, 8>, row_grid(tokens, d / 8), dim3(kThreads), 0, stream, src, dst, top_k,
+                          d);
+  return launch_chained(moe_sum_kernel<A, 1>, row_grid(tokens, d), dim3(kThreads), 0, stream, src, dst, top_k, d);
 }
 
 cudaStream_t as_stream(ferrum_stream_t s) { return reinterpret_cast<cudaStream_t>(s); }
@@ -162,11 +160,10 @@ extern "C" int ferrum_silu_and_mul(const void* x, void* out, int rows, int d, in
   DeviceGuard guard;
   if (int st = guard.enter(kEntry, dev)) return st;
   const bool vec = d % 8 == 0 && vectorisable(x, out);
-  if (dtype == FERRUM_DTYPE_F16)
-    launch_silu_and_mul<AType::F16>(x, out, rows, d, vec, as_stream(stream));
-  else
-    launch_silu_and_mul<AType::BF16>(x, out, rows, d, vec, as_stream(stream));
-  return launched("ferrum_silu_and_mul: launch");
+  const cudaError_t err = dtype == FERRUM_DTYPE_F16
+                              ? launch_silu_and_mul<AType::F16>(x, out, rows, d, vec, as_stream(stream))
+                              : launch_silu_and_mul<AType::BF16>(x, out, rows, d, vec, as_stream(stream));
+  return launched(err, "ferrum_silu_and_mul: launch");
 }
 
 extern "C" int ferrum_gpt_oss_swiglu(const void* x, void* out, int rows, int logical_d, int physical_d,
@@ -184,11 +181,12 @@ extern "C" int ferrum_gpt_oss_swiglu(const void* x, void* out, int rows, int log
   DeviceGuard guard;
   if (int st = guard.enter(kEntry, dev)) return st;
   const bool vec = logical_d % 8 == 0 && physical_d % 8 == 0 && vectorisable(x, out);
-  if (dtype == FERRUM_DTYPE_F16)
-    launch_gpt_oss_swiglu<AType::F16>(x, out, rows, logical_d, physical_d, alpha, limit, vec, as_stream(stream));
-  else
-    launch_gpt_oss_swiglu<AType::BF16>(x, out, rows, logical_d, physical_d, alpha, limit, vec, as_stream(stream));
-  return launched("ferrum_gpt_oss_swiglu: launch");
+  const cudaError_t err =
+      dtype == FERRUM_DTYPE_F16
+          ? launch_gpt_oss_swiglu<AType::F16>(x, out, rows, logical_d, physical_d, alpha, limit, vec, as_stream(stream))
+          : launch_gpt_oss_swiglu<AType::BF16>(x, out, rows, logical_d, physical_d, alpha, limit, vec,
+                                               as_stream(stream));
+  return launched(err, "ferrum_gpt_oss_swiglu: launch");
 }
 
 extern "C" int ferrum_moe_sum(const void* x, void* out, int tokens, int top_k, int d, int dtype, int dev,
@@ -202,9 +200,8 @@ extern "C" int ferrum_moe_sum(const void* x, void* out, int tokens, int top_k, i
   DeviceGuard guard;
   if (int st = guard.enter(kEntry, dev)) return st;
   const bool vec = d % 8 == 0 && vectorisable(x, out);
-  if (dtype == FERRUM_DTYPE_F16)
-    launch_moe_sum<AType::F16>(x, out, tokens, top_k, d, vec, as_stream(stream));
-  else
-    launch_moe_sum<AType::BF16>(x, out, tokens, top_k, d, vec, as_stream(stream));
-  return launched("ferrum_moe_sum: launch");
+  const cudaError_t err = dtype == FERRUM_DTYPE_F16
+                              ? launch_moe_sum<AType::F16>(x, out, tokens, top_k, d, vec, as_stream(stream))
+                              : launch_moe_sum<AType::BF16>(x, out, tokens, top_k, d, vec, as_stream(stream));
+  return launched(err, "ferrum_moe_sum: launch");
 }

@@ -91,23 +91,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 }
 
 template <class T, int kPerLane>
-void launch(const void* logits, int num_tokens, int num_experts, int top_k, bool renormalize,
-            float* weights, int* ids, cudaStream_t stream) {
+cudaError_t launch(const void* logits, int num_tokens, int num_experts, int top_k, bool renormalize,
+                   float* weights, int* ids, cudaStream_t stream) {
   const int blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  launch_chained(topk_softmax_kernel<T, kPerLane>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
+  return launch_chained(topk_softmax_kernel<T, kPerLane>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
                  static_cast<const T*>(logits), num_tokens, num_experts, top_k, renormalize, weights, ids);
 }
 
 // The narrowest register row that holds num_experts logits.
 template <class T>
-void launch_for_experts(const void* logits, int num_tokens, int num_experts, int top_k, bool renormalize,
-                        float* weights, int* ids, cudaStream_t stream) {
-  if (num_experts <= 32) launch<T, 1>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
-  else if (num_experts <= 64) launch<T, 2>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
-  else if (num_experts <= 128) launch<T, 4>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
-  else if (num_experts <= 256) launch<T, 8>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
-  else if (num_experts <= 512) launch<T, 16>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
-  else launch<T, 32>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
+cudaError_t launch_for_experts(const void* logits, int num_tokens, int num_experts, int top_k, bool renormalize,
+                               float* weights, int* ids, cudaStream_t stream) {
+  if (num_experts <= 32) return launch<T, 1>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
+  if (num_experts <= 64) return launch<T, 2>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
+  if (num_experts <= 128)
+    return launch<T, 4>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
+  if (num_experts <= 256)
+    return launch<T, 8>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
+  if (num_experts <= 512)
+    return launch<T, 16>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
+  return launch<T, 32>(logits, num_tokens, num_experts, top_k, renormalize, weights, ids, stream);
 }
 
 static_assert(kMaxExperts == 32 * 32, "the widest register row holds 32 logits per lane");
@@ -142,11 +145,12 @@ extern "C" int ferrum_topk_softmax(const void* logits, int dtype, int num_tokens
   if (int st = guard.enter(kEntry, dev)) return st;
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   const bool renorm = renormalize == 1;
+  cudaError_t err;
   if (dtype == FERRUM_DTYPE_F16)
-    launch_for_experts<half>(logits, num_tokens, num_experts, top_k, renorm, topk_weights, topk_ids, s);
+    err = launch_for_experts<half>(logits, num_tokens, num_experts, top_k, renorm, topk_weights, topk_ids, s);
   else if (dtype == FERRUM_DTYPE_BF16)
-    launch_for_experts<__nv_bfloat16>(logits, num_tokens, num_experts, top_k, renorm, topk_weights, topk_ids, s);
+    err = launch_for_experts<__nv_bfloat16>(logits, num_tokens, num_experts, top_k, renorm, topk_weights, topk_ids, s);
   else
-    launch_for_experts<float>(logits, num_tokens, num_experts, top_k, renorm, topk_weights, topk_ids, s);
-  return launched("ferrum_topk_softmax: launch");
+    err = launch_for_experts<float>(logits, num_tokens, num_experts, top_k, renorm, topk_weights, topk_ids, s);
+  return launched(err, "ferrum_topk_softmax: launch");
 }
