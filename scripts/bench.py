@@ -140,7 +140,8 @@ def random_prepared(ff, rng, k: int, n: int, dtype_name: str, b_type_name: str, 
                           dtype=dtype, zero_points=zeros, g_idx=g_idx, perm=perm)
 
 
-def bench_types(cp, ff, timer, k: int, n: int, m_values, repeat: int, read_kernel, sms: int, types):
+def bench_types(cp, ff, timer, k: int, n: int, m_values, repeat: int, read_kernel, sms: int, types,
+                tile: tuple[int, int] = (-1, -1)):
     rng = np.random.default_rng(k * 7 + n)
     sink = cp.zeros(1, dtype=cp.int32)
     w16 = cp.asarray(rng.standard_normal((k, n), dtype=np.float32) * 0.02).astype(cp.float16)
@@ -176,7 +177,7 @@ def bench_types(cp, ff, timer, k: int, n: int, m_values, repeat: int, read_kerne
                 out = cp.empty((m, n), dtype=cp.float16)
                 ref = cp.empty((m, n), dtype=cp.float16)
                 cublas_us = timer.median_us(lambda: cp.matmul(a16, w16, out=ref), repeat)
-            us = timer.median_us(lambda: ff.linear(x, weight, out=out), repeat)
+            us = timer.median_us(lambda: ff.linear(x, weight, out=out, thread_k=tile[0], thread_n=tile[1]), repeat)
             rows.append({"type": name, "k": k, "n": n, "m": m, "marlin_us": us, "cublas_us": cublas_us,
                          "read_us": read_us, "weight_bytes": nbytes, "speedup_vs_cublas": cublas_us / us,
                          "fraction_of_read_roofline": read_us / us, "marlin_tb_s": nbytes / us / 1e6})
@@ -225,7 +226,7 @@ def main(argv=None) -> int:
     results = []
     for k, n in shapes:
         if types:
-            results += bench_types(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, types)
+            results += bench_types(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, types, tuple(args.tile))
         else:
             results += bench_shape(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, tuple(args.tile))
     args.json.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),

@@ -188,15 +188,26 @@ def test_fp32_reduce_is_deterministic(cp, b_type, dtype_name, m):
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("b_type", ["U4", "U4B8", "U8B128", "FE4M3FN"])
-@pytest.mark.parametrize("m", [40, 130])
+@pytest.mark.parametrize("m", [40, 100, 130, 300])
 def test_tall_slabs_with_many_contributors_per_column(cp, b_type, dtype_name, m):
-    # Tall slabs (Hopper: the warp-specialised kernel) on a long K: each column is
-    # split over ~16 blocks, whose partials are added to the first one's in C.
+    # Tall slabs (Hopper: the warp-specialised kernel; 64-, 128- and 256-row
+    # slabs, one partial) on a long K: each column is split over ~16 blocks,
+    # whose partials are added to the first one's in C.
     weight = make_weight(b_type, DTYPES[dtype_name], 128, False, k=4096, n=1024, seed=13)
     x = to_device(cp, activations(m, weight.k, weight.dtype, seed=14))
     ref = reference_product(cp, to_host(x), weight.reference_dequant())
     assert relative_l2(ff.linear(x, weight), ref) < TOLERANCE[weight.dtype]
     assert relative_l2(ff.linear(x, weight, fp32_reduce=True), ref) < TOLERANCE[weight.dtype]
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_activations_past_the_l2_rule_take_128_row_slabs(cp, dtype_name):
+    # 2100 x 8192 activations (34 MB) are past the planner's L2 rule for
+    # 256-row slabs (Hopper): 128-row slabs, the last one partial.
+    weight = make_weight("U4B8", DTYPES[dtype_name], 128, False, k=8192, n=256, seed=15)
+    x = to_device(cp, activations(2100, weight.k, weight.dtype, seed=16))
+    ref = reference_product(cp, to_host(x), weight.reference_dequant())
+    assert relative_l2(ff.linear(x, weight), ref) < TOLERANCE[weight.dtype]
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)

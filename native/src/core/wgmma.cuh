@@ -77,6 +77,14 @@ __device__ __forceinline__ void fence_async_shared() {
 // d[j][e] is (row g + 8(e/2), column 8j + 2q + e%2) as in mma.m16n8k16, with
 // g = lane / 4, q = lane % 4. (Generated operand lists: N/2 accumulators.)
 #define FERRUM_WGMMA_INS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(keep_d)
+#define FERRUM_WGMMA_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define FERRUM_WGMMA_N16_TEXT(TYPE) \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " " \
+  "{%0, %1, %2, %3, %4, %5, %6, %7}, " \
+  "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+#define FERRUM_WGMMA_N16_OUTS \
+  FERRUM_WGMMA_D4(0), FERRUM_WGMMA_D4(1)
 #define FERRUM_WGMMA_N64_TEXT(TYPE) \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
@@ -84,12 +92,8 @@ __device__ __forceinline__ void fence_async_shared() {
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
   "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
 #define FERRUM_WGMMA_N64_OUTS \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-  "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-  "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-  "+f"(d[7][2]), "+f"(d[7][3])
+  FERRUM_WGMMA_D4(0), FERRUM_WGMMA_D4(1), FERRUM_WGMMA_D4(2), FERRUM_WGMMA_D4(3), FERRUM_WGMMA_D4(4), \
+  FERRUM_WGMMA_D4(5), FERRUM_WGMMA_D4(6), FERRUM_WGMMA_D4(7)
 #define FERRUM_WGMMA_N128_TEXT(TYPE) \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " \
@@ -99,41 +103,45 @@ __device__ __forceinline__ void fence_async_shared() {
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
   "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
 #define FERRUM_WGMMA_N128_OUTS \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-  "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-  "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-  "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-  "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), \
-  "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-  "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), \
-  "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-  "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-#define FERRUM_WGMMA_N16_TEXT(TYPE) \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " " \
-  "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-#define FERRUM_WGMMA_N16_OUTS \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-  "+f"(d[1][2]), "+f"(d[1][3])
+  FERRUM_WGMMA_D4(0), FERRUM_WGMMA_D4(1), FERRUM_WGMMA_D4(2), FERRUM_WGMMA_D4(3), FERRUM_WGMMA_D4(4), \
+  FERRUM_WGMMA_D4(5), FERRUM_WGMMA_D4(6), FERRUM_WGMMA_D4(7), FERRUM_WGMMA_D4(8), FERRUM_WGMMA_D4(9), \
+  FERRUM_WGMMA_D4(10), FERRUM_WGMMA_D4(11), FERRUM_WGMMA_D4(12), FERRUM_WGMMA_D4(13), FERRUM_WGMMA_D4(14), \
+  FERRUM_WGMMA_D4(15)
+#define FERRUM_WGMMA_N256_TEXT(TYPE) \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " " \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, " \
+  "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+#define FERRUM_WGMMA_N256_OUTS \
+  FERRUM_WGMMA_D4(0), FERRUM_WGMMA_D4(1), FERRUM_WGMMA_D4(2), FERRUM_WGMMA_D4(3), FERRUM_WGMMA_D4(4), \
+  FERRUM_WGMMA_D4(5), FERRUM_WGMMA_D4(6), FERRUM_WGMMA_D4(7), FERRUM_WGMMA_D4(8), FERRUM_WGMMA_D4(9), \
+  FERRUM_WGMMA_D4(10), FERRUM_WGMMA_D4(11), FERRUM_WGMMA_D4(12), FERRUM_WGMMA_D4(13), FERRUM_WGMMA_D4(14), \
+  FERRUM_WGMMA_D4(15), FERRUM_WGMMA_D4(16), FERRUM_WGMMA_D4(17), FERRUM_WGMMA_D4(18), FERRUM_WGMMA_D4(19), \
+  FERRUM_WGMMA_D4(20), FERRUM_WGMMA_D4(21), FERRUM_WGMMA_D4(22), FERRUM_WGMMA_D4(23), FERRUM_WGMMA_D4(24), \
+  FERRUM_WGMMA_D4(25), FERRUM_WGMMA_D4(26), FERRUM_WGMMA_D4(27), FERRUM_WGMMA_D4(28), FERRUM_WGMMA_D4(29), \
+  FERRUM_WGMMA_D4(30), FERRUM_WGMMA_D4(31)
 template <int N, bool Bf16>
 __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
                                            int keep_d = 1) {
-  static_assert(N == 16 || N == 64 || N == 128, "MMA widths built: 16, 64 and 128");
+  static_assert(N == 16 || N == 64 || N == 128 || N == 256, "MMA widths built: 16, 64, 128 and 256");
 #ifdef FERRUM_WGMMA_AVAILABLE
-  if constexpr (N == 16 && Bf16)
-    asm volatile(FERRUM_WGMMA_N16_TEXT("bf16") : FERRUM_WGMMA_N16_OUTS : FERRUM_WGMMA_INS);
-  else if constexpr (N == 16)
-    asm volatile(FERRUM_WGMMA_N16_TEXT("f16") : FERRUM_WGMMA_N16_OUTS : FERRUM_WGMMA_INS);
-  else if constexpr (N == 64 && Bf16)
-    asm volatile(FERRUM_WGMMA_N64_TEXT("bf16") : FERRUM_WGMMA_N64_OUTS : FERRUM_WGMMA_INS);
-  else if constexpr (N == 64)
-    asm volatile(FERRUM_WGMMA_N64_TEXT("f16") : FERRUM_WGMMA_N64_OUTS : FERRUM_WGMMA_INS);
-  else if constexpr (Bf16)
-    asm volatile(FERRUM_WGMMA_N128_TEXT("bf16") : FERRUM_WGMMA_N128_OUTS : FERRUM_WGMMA_INS);
-  else
-    asm volatile(FERRUM_WGMMA_N128_TEXT("f16") : FERRUM_WGMMA_N128_OUTS : FERRUM_WGMMA_INS);
+#define FERRUM_WGMMA_ISSUE(NN)                                                                   \
+  if constexpr (N == NN && Bf16)                                                                 \
+    asm volatile(FERRUM_WGMMA_N##NN##_TEXT("bf16") : FERRUM_WGMMA_N##NN##_OUTS : FERRUM_WGMMA_INS); \
+  else if constexpr (N == NN)                                                                    \
+    asm volatile(FERRUM_WGMMA_N##NN##_TEXT("f16") : FERRUM_WGMMA_N##NN##_OUTS : FERRUM_WGMMA_INS);
+  FERRUM_WGMMA_ISSUE(16)
+  FERRUM_WGMMA_ISSUE(64)
+  FERRUM_WGMMA_ISSUE(128)
+  FERRUM_WGMMA_ISSUE(256)
+#undef FERRUM_WGMMA_ISSUE
 #else
   (void)d;
   (void)a;
@@ -144,11 +152,14 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t 
 }
 
 #undef FERRUM_WGMMA_INS
+#undef FERRUM_WGMMA_D4
 #undef FERRUM_WGMMA_N16_TEXT
 #undef FERRUM_WGMMA_N16_OUTS
 #undef FERRUM_WGMMA_N64_TEXT
 #undef FERRUM_WGMMA_N64_OUTS
 #undef FERRUM_WGMMA_N128_TEXT
 #undef FERRUM_WGMMA_N128_OUTS
+#undef FERRUM_WGMMA_N256_TEXT
+#undef FERRUM_WGMMA_N256_OUTS
 
 }  // namespace ferrum::wgmma

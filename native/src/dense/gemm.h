@@ -76,10 +76,11 @@ enum class NConfig {
   N256_K64_WGMMA,  // N256_K64 with Hopper warpgroup MMA (64-row slabs, sm_90a builds)
   N128_K64,        // MoE: k a multiple of 64 only (GPT-OSS gate/up, K = 2880)
   // Warp-specialised Hopper kernel (wide_kernel.cuh, sm_90a builds): 256 x 64
-  // tiles, slabs of 16, 64 or 128 activation rows.
+  // tiles, slabs of 16, 64 or 128 activation rows; 128 x 64 tiles, slabs of 256.
   WIDE_T16,
   WIDE_T64,
   WIDE_T128,
+  WIDE_T256,
 };
 
 // N256_K128 is built for slabs of at most 8 * kDeepTileMaxM8 rows.

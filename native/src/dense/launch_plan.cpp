@@ -50,6 +50,7 @@ TileInfo info_bits(int m8, NConfig nc) {
     case NConfig::WIDE_T16: return info_wide<16, Bits>();
     case NConfig::WIDE_T64: return info_wide<64, Bits>();
     case NConfig::WIDE_T128: return info_wide<128, Bits>();
+    case NConfig::WIDE_T256: return info_wide<256, Bits>();
     case NConfig::N128_K128: return info_m8<NConfig::N128_K128, Bits>(m8);
     case NConfig::N256_K64: return info_m8<NConfig::N256_K64, Bits>(m8);
     case NConfig::N256_K128: return info_m8<NConfig::N256_K128, Bits>(m8);
@@ -61,7 +62,7 @@ TileInfo info_bits(int m8, NConfig nc) {
 
 template <AType A, WType W>
 cudaError_t launch_format(int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
-  if (nc == NConfig::WIDE_T16 || nc == NConfig::WIDE_T64 || nc == NConfig::WIDE_T128)
+  if (nc == NConfig::WIDE_T16 || nc == NConfig::WIDE_T64 || nc == NConfig::WIDE_T128 || nc == NConfig::WIDE_T256)
     return launch_wide<A, W>(tile_info(1, nc, weight_bits(W)).m_rows, args, launch, stage);
   switch (m8) {
     case 1: return launch_slab<A, W, 1>(nc, args, launch, stage);
@@ -106,6 +107,12 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType
   const int m8 = slab_m8(m);
   const int bits = weight_bits(w);
   if (hopper && n % 256 == 0 && k % 64 == 0) {
+    // Over 128 rows, 256-row slabs halve the dequantisation per product
+    // (H200, m = 192..1024: 3-5 % faster) but double the activation reads
+    // per weight byte: while A stays well inside L2 that is free; past it
+    // (k = 28672, m = 1024: 59 MB of A) it cost 4 %.
+    constexpr int64_t kActivationsInL2 = 32ll << 20;  // bytes
+    if (m > 128 && static_cast<int64_t>(m) * k * 2 <= kActivationsInL2) return NConfig::WIDE_T256;
     if (m > 16) return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
     // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
     // the 8-warp kernel; at 8 rows and below it is not faster), where its

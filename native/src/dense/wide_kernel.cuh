@@ -7,10 +7,11 @@
 // does what. Warp specialisation: warpgroup 0 only copies (cp.async into a
 // ring of pipeline slots, each slot's "full" mbarrier completes when its
 // copies land); warpgroups 1 and 2 only compute. Each consumer warpgroup owns
-// two 64-column chunks of the 256-column tile: per 16-deep k step it
-// dequantises its two weight fragments and issues two asynchronous warpgroup
-// MMAs (m64 x n{Tokens} x k16, weights from registers, activations from the
-// 128-byte-swizzled slot), then waits only until at most three steps' MMAs are
+// two 64-column chunks of the 256-column tile (one of a 128-column tile for
+// 256-row slabs): per 16-deep k step it dequantises a weight fragment per
+// chunk and issues one asynchronous warpgroup MMA per chunk (m64 x n{Tokens} x
+// k16, weights from registers, activations from the 128-byte-swizzled
+// slot), then waits only until at most three steps' MMAs are
 // in flight, so dequantisation overlaps the tensor cores' work on earlier
 // steps. A slot is handed back ("empty") once the MMAs that read it have
 // retired. Warpgroup 0's copies per slot are a few adds each (offsets fixed per
@@ -47,7 +48,9 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   // A warpgroup waits on a slot's phase parity only; the slots it skips must
   // not lap it (its next slot is at most `groups` fills ahead).
   static_assert(!Images || kStages >= W::groups, "more slots than consumer warpgroups");
-  static_assert(Images || W::groups == 2, "dequantisation mode: two warpgroups of two chunks each");
+  static_assert(Images || W::groups == 2, "dequantisation mode: two warpgroups of W::chunks_per_group chunks");
+  // Dequantisation mode: MMAs (weight tiles per lane) per warpgroup and step.
+  constexpr int kTiles = W::chunks_per_group;
   // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
   extern __shared__ __align__(1024) int4 smem[];
   int4* const sh_a = smem;
@@ -93,14 +96,19 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     constexpr int kBCopies = W::b_stage / W::producers;
     constexpr int kACopies = W::a_stage / W::producers;
     static_assert(W::b_stage % W::producers == 0 && W::a_stage % W::producers == 0, "copies split evenly");
+    static_assert(W::producers % kBRowInt4 == 0 || kBRowInt4 % W::producers == 0, "B rows and copies nest");
     const int s_rows = grouped && W::k_tile > (1 << p.group_shift) ? W::k_tile >> p.group_shift : 1;
     const int s_copies = grouped ? s_rows * W::n_chunks * 8 : 0;
     const int z_copies = F::zero_points ? s_rows * W::n_chunks * 2 : 0;
     const int s_row_int4 = p.s_row_halves / 8;
     // The copies are one warp's serial instruction stream per SM quarter, so
     // everything per thread is fixed up front and a slot costs a few adds per
-    // copy: B copy j is row (128 j) / kBRowInt4 of the k step, unit tid + (128 j)
-    // % kBRowInt4; A copy j is row tid / 8 + 16 j, 16-byte unit tid % 8.
+    // copy: B copy j is element tid + 128 j of the slot's k rows (row
+    // (tid + 128 j) / kBRowInt4, unit (tid + 128 j) % kBRowInt4); A copy j is
+    // row tid / 8 + 16 j, 16-byte unit tid % 8.
+    // B copy 0 of this thread: element tid of the slot's rows of kBRowInt4
+    // (a 128-column tile's rows are shorter than the 128 producers).
+    const int b_first = (tid / kBRowInt4) * p.b_row_int4 + tid % kBRowInt4;
     const int a_row0 = tid >> 3;
     const int a_unit = tid & 7;
     const int a_dst0 = a_row0 * 8 + (a_unit ^ (a_row0 & 7));  // rows 16 j apart keep the swizzle phase
@@ -112,7 +120,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     const int4* pa = nullptr;
     int rows_left = 0;
     auto seek = [&]() {
-      pb = gB + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 + tid;
+      pb = gB + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 + b_first;
       pa = gA + (static_cast<size_t>(slab) * W::m_rows + a_row0) * p.a_row_int4 + kt * (W::k_tile / 8) + a_unit;
       rows_left = p.m - slab * W::m_rows - a_row0;  // copy j is live while 16 j < rows_left
     };
@@ -162,40 +170,45 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   // ---- consumer warpgroups: shared -> registers -> tensor cores ---------------
   wgmma::claim_registers<W::consumer_regs>();
   const int ctid = tid - W::producers;
-  const int group = role - 1;  // dequantisation mode: owns chunks 2*group and 2*group + 1
-  // Dequantisation mode: the 64-row A operand of MMA h (h = 0, 1) of this warpgroup: warp w
-  // supplies tile 2 (w % 2) + h of chunk 2 group + w / 2, so a lane's two
-  // tiles are adjacent words of its 16-byte Marlin unit (one 8- or 16-byte
-  // shared load per step instead of two 4-way-conflicting ones).
+  const int group = role - 1;
+  // Dequantisation mode, the 64-row A operand of MMA h of this warpgroup. Two
+  // chunks per warpgroup (2 group, 2 group + 1): warp w supplies tile
+  // 2 (w % 2) + h of chunk 2 group + w / 2, so a lane's two tiles are adjacent
+  // words of its 16-byte Marlin unit (one 8- or 16-byte shared load per step
+  // instead of two 4-way-conflicting ones). One chunk (`group`): warp w
+  // supplies its tile w.
   const int wg_warp = (ctid >> 5) & 3;
-  const int chunk = 2 * group + (wg_warp >> 1);
-  const int tile0 = 2 * (wg_warp & 1);
+  const int chunk = kTiles == 2 ? 2 * group + (wg_warp >> 1) : group;
+  const int tile0 = kTiles == 2 ? 2 * (wg_warp & 1) : wg_warp;
   const int lane = tid & 31;
   auto consumer_sync = [] { mbar::named_sync<1, W::consumers>(); };
 
-  // Dequantisation mode uses tiles 0 and 1 (its two MMAs), image mode all four.
-  float acc[4][W::m8][4];
+  // Dequantisation mode: one accumulator per MMA; image mode: per tile of the chunk.
+  constexpr int kAccTiles = Images ? 4 : kTiles;
+  float acc[kAccTiles][W::m8][4];
   auto zero_acc = [&]() {
 #pragma unroll
-    for (int h = 0; h < 4; ++h)
+    for (int h = 0; h < kAccTiles; ++h)
 #pragma unroll
       for (int j = 0; j < W::m8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[h][j][e] = 0.f;
   };
-  // What a lane reads from a slot for one 16-deep step: its two tiles' codes,
+  // What a lane reads from a slot for one 16-deep step: its tiles' codes,
   // their scale pairs and the zero-point word. Read for all steps of a slot at
   // once, so the shared-memory latency is paid once per slot, not per step.
   struct StepWords {
-    uint32_t w[2 * F::words];
-    uint2 scales;
+    uint32_t w[W::chunks_per_group * F::words];
+    uint32_t scales[W::chunks_per_group];
     uint32_t zero;
   };
-  auto read_words = [&](const int4* sb, int row, uint32_t (&w)[2 * F::words]) {
+  auto read_words = [&](const int4* sb, int row, uint32_t (&w)[kTiles * F::words]) {
     const uint32_t* const src = reinterpret_cast<const uint32_t*>(sb + (row * W::n_chunks + chunk) * 32 * W::b_words +
                                                                   lane * W::b_words) +
                                 tile0 * F::words;
-    if constexpr (F::words == 1) {
+    if constexpr (kTiles * F::words == 1) {
+      w[0] = *src;
+    } else if constexpr (kTiles * F::words == 2) {
       const uint2 v = *reinterpret_cast<const uint2*>(src);
       w[0] = v.x;
       w[1] = v.y;
@@ -213,18 +226,25 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     sw.zero = 0u;
     if constexpr (F::zero_points)
       sw.zero = reinterpret_cast<const uint32_t*>(sz + s_row * (W::n_chunks * 2) + chunk * 2)[lane >> 2];
-    sw.scales = make_uint2(0u, 0u);
-    if (grouped)
-      sw.scales = reinterpret_cast<const uint2*>(ss + s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2))[tile0 >> 1];
-  };
-  // The step's two weight fragments: exact values times their group scales.
-  auto fragments = [&](const StepWords& sw, Frag16x16 (&f)[2]) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      f[h] = F::dequant(sw.w + h * F::words, F::zero_points ? F::zero_pair(sw.zero, tile0 + h) : 0u);
+    for (int h = 0; h < kTiles; ++h) sw.scales[h] = 0u;
     if (grouped) {
-      F::scale(f[0], sw.scales.x);
-      F::scale(f[1], sw.scales.y);
+      const int4* const pairs = ss + s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2);  // tiles 0..3
+      if constexpr (kTiles == 2) {
+        const uint2 v = reinterpret_cast<const uint2*>(pairs)[tile0 >> 1];
+        sw.scales[0] = v.x;
+        sw.scales[1] = v.y;
+      } else {
+        sw.scales[0] = reinterpret_cast<const uint32_t*>(pairs)[tile0];
+      }
+    }
+  };
+  // The step's weight fragments: exact values times their group scales.
+  auto fragments = [&](const StepWords& sw, Frag16x16 (&f)[kTiles]) {
+#pragma unroll
+    for (int h = 0; h < kTiles; ++h) {
+      f[h] = F::dequant(sw.w + h * F::words, F::zero_points ? F::zero_pair(sw.zero, tile0 + h) : 0u);
+      if (grouped) F::scale(f[h], sw.scales[h]);
     }
   };
 
@@ -232,7 +252,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   static_assert(Epilogue::kRedStride == W::red_stride, "one reduction tile layout");
   static_assert(W::parts == 1 || (W::parts == 2 && !Images), "two parts: one per consumer warpgroup's chunks");
   // Accumulator (h, j, e) of lane (g, q) is C^T[n = n_of(h) + g + 8 (e/2)][m = 8j + 2q + e%2].
-  auto stash = [&](const float (&a)[4][W::m8][4], int hs, auto n_of, bool add) {
+  auto stash = [&](const auto& a, int hs, auto n_of, bool add) {
 #pragma unroll
     for (int h = 0; h < hs; ++h)
 #pragma unroll
@@ -244,7 +264,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
           *dst = add ? *dst + a[h][j][e] : a[h][j][e];
         }
   };
-  auto finish_column = [&](int u, const float (&a)[4][W::m8][4]) {
+  auto finish_column = [&](int u, const auto& a) {
     const int col = u / k_tiles;
     const int slab = col / n_tiles;
     const int c = col - slab * n_tiles;
@@ -258,12 +278,12 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
       }
       Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters, k_tiles);
     } else {
-      // Each warpgroup holds its two chunks: tiles tile0 + h of chunk `chunk`.
-      const int base = W::parts == 1 ? 64 * chunk : 64 * (wg_warp >> 1);
+      // Each warpgroup holds its chunks (part `group`): tiles tile0 + h of chunk `chunk`.
+      const int base = W::parts == 1 ? 64 * chunk : 64 * (chunk - kTiles * group);
       auto n_of = [&](int h) { return base + 16 * (tile0 + h); };
 #pragma unroll 1
       for (int part = 0; part < W::parts; ++part) {
-        if (W::parts == 1 || group == part) stash(a, 2, n_of, false);
+        if (W::parts == 1 || group == part) stash(a, kTiles, n_of, false);
         consumer_sync();
         Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters,
                                    k_tiles, part);
@@ -375,7 +395,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     constexpr int kPending = 3;
     static_assert(kPending < W::k_rows, "a slot is released within the next slot's steps");
     int release = -1;  // the slot whose MMAs may still be in flight
-    Frag16x16 f[W::k_rows][2];
+    Frag16x16 f[W::k_rows][kTiles];
 #pragma unroll 1
     while (i < count) {
       const int run_end = i + min(count - i, k_tiles - c_kt);
@@ -392,8 +412,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
           // rewritten four steps later, after its MMAs retired (kPending < 4).
           fragments(sw[row], f[row]);
           wgmma::fence();
-          wgmma::mma_m64k16<W::m_rows, kBf16>(acc[0], f[row][0].r, sl.desc + 2 * row);
-          wgmma::mma_m64k16<W::m_rows, kBf16>(acc[1], f[row][1].r, sl.desc + 2 * row);
+#pragma unroll
+          for (int h = 0; h < kTiles; ++h) wgmma::mma_m64k16<W::m_rows, kBf16>(acc[h], f[row][h].r, sl.desc + 2 * row);
           wgmma::commit();
           wgmma::wait<kPending>();
           // The previous slot's last step has retired once kPending newer ones were issued.
@@ -437,7 +457,7 @@ cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
   return cudaErrorInvalidValue;
 }
 
-// The wide kernels of one format: slabs of 16, 64 or 128 activation rows.
+// The wide kernels of one format: slabs of 16, 64, 128 or 256 activation rows.
 template <AType A, WType Wt>
 cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage) {
   using F = Format<A, Wt>;
@@ -445,6 +465,7 @@ cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage
     case 16: return launch_wide_tile<16, F>(args, launch, stage);
     case 64: return launch_wide_tile<64, F>(args, launch, stage);
     case 128: return launch_wide_tile<128, F>(args, launch, stage);
+    case 256: return launch_wide_tile<256, F>(args, launch, stage);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -10,15 +10,20 @@ namespace ferrum::dense {
 constexpr size_t kWideSmemBudget = 227 * 1024;
 
 // Groups: consumer warpgroups (two; three for the image mode of 16-row slabs,
-// whose warpgroups take whole slots in turn).
+// whose warpgroups take whole slots in turn). Slabs of 256 rows: each of the
+// two consumer warpgroups owns one 64-column chunk (a 128 x 256 tile whose
+// m64n256 MMAs need half the dequantisation per product of two m64n128);
+// otherwise two chunks each (256 columns).
 template <int Tokens, int Bits, int Groups = 2>
 struct WideTile {
   static_assert(Groups == 2 || (Groups == 3 && Tokens == 16), "three consumer warpgroups serve 16-row slabs");
-  static_assert(Tokens == 16 || Tokens == 64 || Tokens == 128, "warpgroup MMA widths built: 16, 64 and 128 tokens");
+  static_assert(Tokens == 16 || Tokens == 64 || Tokens == 128 || Tokens == 256,
+                "warpgroup MMA widths built: 16, 64, 128 and 256 tokens");
   static constexpr int m_rows = Tokens;  // activation rows per slab = MMA n
   static constexpr int m8 = Tokens / 8;
-  static constexpr int n_chunks = 4;
-  static constexpr int n_tile = 256;
+  static constexpr int chunks_per_group = Tokens == 256 ? 1 : 2;  // dequantisation mode
+  static constexpr int n_chunks = Tokens == 256 ? 2 : 4;
+  static constexpr int n_tile = 64 * n_chunks;
   static constexpr int k_rows = 4;  // one 128-byte swizzle atom of activations
   static constexpr int k_tile = 64;
   static constexpr int b_words = Bits / 4;
@@ -35,8 +40,8 @@ struct WideTile {
   static constexpr int b_stage = k_rows * n_chunks * 32 * b_words;
   static constexpr int s_stage = 2 * n_chunks * 8;
   static constexpr int z_stage = 2 * n_chunks * 2;
-  // The epilogue reduces and stores a column tile in two 128-column parts
-  // (one per consumer warpgroup, in turn), which halves its fp32 buffer and
+  // The epilogue reduces and stores a column tile in two parts (one per
+  // consumer warpgroup's chunks, in turn), which halves its fp32 buffer and
   // leaves room for deeper pipelines; 16-row slabs need little room and
   // reduce the whole tile at once.
   static constexpr int parts = Tokens <= 16 ? 1 : 2;
