@@ -152,7 +152,8 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *   (128,64), or (128,256) when m <= 16. Automatic on Hopper (sm_90a build) with
  *   n % 256 == 0 and k % 64 == 0, for m > 16 and for m = 9..16 with groups of 64
  *   or 128, FP8, bf16 INT8 or INT8 groups of 32:
- *   a warp-specialised warpgroup-MMA kernel (256 x 64 tiles, 384 or 512 threads,
+ *   a warp-specialised warpgroup-MMA kernel (256 x 64 tiles; 128 x 64 tiles of
+ *   256-row slabs for m > 128 while m * k * 2 <= 32 MB; 384 or 512 threads,
  *   one block per SM; same workspace and c_tmp bounds); an override always
  *   selects the 8-warp kernel's tile.
  * Never synchronises `stream`; allocates nothing; graph-capturable.
