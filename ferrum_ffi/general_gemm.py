@@ -41,7 +41,7 @@ def _rows(view: DeviceArray, k: int) -> tuple[int, int]:
     if view.ndim == 0:
         fail(f"{ENTRY}: x must have at least one dimension [..., k], got a scalar")
     if view.shape[-1] != k:
-        fail(f"{ENTRY}: x has {view.shape[-1]} columns (last dimension), the weight has k={k}")
+        fail(f"{ENTRY}: x has {view.shape[-1]} columns (last dimension), the weight takes in_features={k}")
     m = int(np.prod(view.shape[:-1], dtype=np.int64))  # 1 for a single row [k]
     if view.is_c_contiguous:
         return m, k
@@ -106,7 +106,7 @@ def linear(
         raise ArgumentTypeError(
             f"{ENTRY}: x must have dtype {weight.dtype.name} (the weight's activation dtype), got {x_view.dtype}"
         )
-    m, lda = _rows(x_view, weight.k)
+    m, lda = _rows(x_view, weight.in_features)
     out_shape = x_view.shape[:-1] + (weight.n,)
     problem = weight.problem(m, lda=lda, fp32_reduce=bool(fp32_reduce), sms=sms,
                              thread_k=thread_k, thread_n=thread_n)

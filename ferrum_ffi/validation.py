@@ -418,8 +418,10 @@ def validate_mm(problem: MmProblem, entry: str = MM_ENTRY) -> None:
     check_positive(entry, "k", p.k)
     check_multiple(entry, "n", p.n, 64)
     check_multiple(entry, "k", p.k, 128)
-    if p.lda < p.k:
-        fail(f"{entry}: lda={p.lda} must be >= k={p.k}")
+    if p.has(FERRUM_MM_FLAG_ACT_ORDER):
+        check_positive(entry, "lda", p.lda)  # a is read only through perm (columns < min(k, lda))
+    elif p.lda < p.k:
+        fail(f"{entry}: lda={p.lda} must be >= k={p.k} (less only with ACT_ORDER)")
     check_multiple(entry, "lda", p.lda, 8)  # keeps every row of a 16-byte aligned
     fp8 = p.b_type == FERRUM_WEIGHT_FE4M3FN
     allowed = MM_FP8_GROUP_SIZES if fp8 else MM_INT_GROUP_SIZES
@@ -455,7 +457,7 @@ def mm_spans(problem: MmProblem, sms: int, entry: str = MM_ENTRY) -> dict[str, i
     p = problem
     item = 2  # F16 and BF16 alike
     spans = {
-        "a": 0 if p.m == 0 else checked_product(entry, "a", (p.m - 1) * p.lda + p.k, item),
+        "a": 0 if p.m == 0 else checked_product(entry, "a", (p.m - 1) * p.lda + min(p.k, p.lda), item),
         "b": checked_product(entry, "b", p.k // 16, p.weight_bits // 2 * p.n, 4),
         "c": checked_product(entry, "c", p.m, p.n, item),
         "b_scales": checked_product(entry, "b_scales", p.num_groups, p.n, item),

@@ -55,7 +55,9 @@ class MarlinLinearWeight:
     int32 ``[num_groups, n/8]`` for U4 only; ``g_idx`` (sorted) and ``perm``
     int32 ``[k]`` for an act-order layer only. ``dtype`` is the activation
     dtype (float16 or ml_dtypes bfloat16): activations, scales, bias and
-    output share it.
+    output share it. ``in_features``: the columns of x, ``k`` unless an
+    act-order weight's rows were padded (a K shard, ``from_gptq(k_full=False)``):
+    then ``perm`` maps its ``k`` rows to x's ``in_features <= k`` columns.
     """
 
     b: Any
@@ -69,6 +71,7 @@ class MarlinLinearWeight:
     g_idx: Any = None
     perm: Any = None
     reference: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
+    in_features: int | None = None
     _views: dict[str, DeviceArray] = field(init=False, repr=False, compare=False)
     _device: int = field(init=False, repr=False, compare=False)
 
@@ -82,6 +85,12 @@ class MarlinLinearWeight:
         self.dtype = check_activation_dtype(ENTRY, self.dtype)
         if (self.g_idx is None) != (self.perm is None):
             fail(f"{ENTRY}: g_idx and perm come together (act-order) or not at all")
+        if self.in_features is None:
+            self.in_features = self.k
+        check_int(ENTRY, "in_features", self.in_features)
+        if self.in_features != self.k and not (self.perm is not None and 1 <= self.in_features < self.k):
+            fail(f"{ENTRY}: in_features={self.in_features} must equal k={self.k}, or for an act-order weight "
+                 f"(perm maps its rows to x's columns) be in 1..k")
         validate_mm(self.problem(0), ENTRY)
         views = {
             "b": as_device_array(self.b, "b"),
@@ -178,6 +187,7 @@ class MarlinLinearWeight:
             g_idx=up(prepared.g_idx),
             perm=up(prepared.perm),
             reference=prepared.reference,
+            in_features=prepared.x_features,
         )
 
     @classmethod
@@ -193,6 +203,7 @@ class MarlinLinearWeight:
         dtype: Any = np.float16,
         *,
         group_size: int | None = None,
+        k_full: bool = True,
         keep_reference: bool = True,
         to_device: ToDevice | None = None,
     ) -> "MarlinLinearWeight":
@@ -200,11 +211,13 @@ class MarlinLinearWeight:
         ``qzeros [G, N*bits/32]`` (storing zero - 1), ``g_idx [K]``. ``sym``:
         U4B8 / U8B128; 4-bit asymmetric: U4 with zero points; act-order
         (desc_act) layers are permuted so that each group's rows are
-        contiguous (``desc_act=None``: decided by ``g_idx``)."""
+        contiguous (``desc_act=None``: decided by ``g_idx``). ``k_full=False``:
+        the tensors are a K shard of an act-order layer (``scales`` / ``qzeros``
+        of the whole layer, ``group_size`` given): see ``prepare_gptq``."""
         prepared = prepare_gptq(
             host_array(qweight, "qweight"), host_array(scales, "scales"), _optional_host(qzeros, "qzeros"),
             _optional_host(g_idx, "g_idx"), bits=bits, sym=sym, desc_act=desc_act, group_size=group_size,
-            dtype=dtype, keep_reference=keep_reference, fn=f"{ENTRY}.from_gptq",
+            k_full=k_full, dtype=dtype, keep_reference=keep_reference, fn=f"{ENTRY}.from_gptq",
         )
         return cls.from_prepared(prepared, to_device)
 

@@ -699,6 +699,8 @@ MM_BAD = {
                           a_tmp_bytes=1 << 20, flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_ACT_ORDER),
     "act_order_channelwise": dict(group_size=-1, num_groups=1, g_idx=0x8000, perm=0x9000, a_tmp=0xA000,
                                   a_tmp_bytes=1 << 20, flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_ACT_ORDER),
+    "act_order_lda_zero": dict(lda=0, g_idx=0x8000, perm=0x9000, a_tmp=0xA000, a_tmp_bytes=1 << 20,
+                               flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_ACT_ORDER),
     "sms": dict(sms=0),
     "tile": dict(thread_k=64, thread_n=64),
     "deep_tile_tall": dict(thread_k=128, thread_n=256, m=17),
@@ -728,6 +730,15 @@ def test_mm_buffer_rules_are_refused_natively(lib, changes, text):
 def test_mm_without_a_gpu_returns_a_staged_status(lib, no_gpu):
     status, message = call_mm(lib)
     assert status is not None and status.stage in (1, 9), status
+
+
+def test_mm_act_order_activations_may_be_narrower_than_k(lib, no_gpu):
+    # A padded K shard (from_gptq(k_full=False)): a is read only through perm.
+    narrow = dict(lda=136, g_idx=0x8000, perm=0x9000, a_tmp=0xA000, a_tmp_bytes=1 << 20,
+                  flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_ACT_ORDER)
+    validate_mm(_problem_of(narrow))
+    status, message = call_mm(lib, **narrow)
+    assert status is not None and status.stage in (1, 9), (status, message)  # past every argument rule
     assert message
 
 

@@ -354,7 +354,7 @@ def test_graph_capture_replays(cp):
 def end_to_end(cp, weight, reference: np.ndarray, m_values=(1, 33, 300)):
     """linear() on the converted weight against the format's own decoder."""
     for m in m_values:
-        x = activations(m, weight.k, weight.dtype, seed=m + 1)
+        x = activations(m, weight.in_features, weight.dtype, seed=m + 1)
         out = ff.linear(to_device(cp, x), weight)
         assert relative_l2(out, reference_product(cp, x, reference)) < TOLERANCE[weight.dtype], m
 
@@ -370,6 +370,23 @@ def test_gptq_end_to_end(cp, dtype_name, bits, sym, act_order):
     weight = ff.load_linear({f"l.{k}": v for k, v in t.items()}, "l", DTYPES[dtype_name])
     assert weight.act_order == act_order
     end_to_end(cp, weight, gptq_reference_dequant(t["qweight"], t["scales"], t["qzeros"], t["g_idx"], bits, sym, 128))
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("bits, sym", [(4, True), (4, False), (8, True)])
+@pytest.mark.parametrize("shards, shard", [(2, 1), (8, 3)])
+def test_gptq_k_shard_end_to_end(cp, dtype_name, bits, sym, shards, shard):
+    # A tensor-parallel row shard of a desc_act layer (vLLM's is_k_full=False):
+    # from_gptq(k_full=False) pads its groups; x holds only the shard's columns.
+    t = ql.gptq_layer(np.random.default_rng(shards + bits), CK, CN, bits=bits, group_size=128, sym=sym,
+                      act_order=True)
+    rows, per_word = CK // shards, 32 // bits
+    q = t["qweight"][shard * rows // per_word:(shard + 1) * rows // per_word]
+    g_idx = t["g_idx"][shard * rows:(shard + 1) * rows]
+    weight = ff.MarlinLinearWeight.from_gptq(q, t["scales"], t["qzeros"], g_idx, bits=bits, sym=sym,
+                                             dtype=DTYPES[dtype_name], group_size=128, k_full=False)
+    assert weight.act_order and weight.in_features == rows < weight.k
+    end_to_end(cp, weight, gptq_reference_dequant(q, t["scales"], t["qzeros"], g_idx, bits, sym, 128, False))
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)

@@ -33,7 +33,7 @@ def lib(monkeypatch):
     return mm_fakes.install(monkeypatch, mm_fakes.FakeLibrary(sms=SMS))
 
 
-def weight(b_type=WeightType.U4B8, group_size=128, act_order=False, bf16=False, n=N):
+def weight(b_type=WeightType.U4B8, group_size=128, act_order=False, bf16=False, n=N, in_features=None):
     bits = 4 if b_type in (WeightType.U4, WeightType.U4B8) else 8
     groups = 1 if group_size == -1 else K // group_size
     scales = bf16_cai((groups, n)) if bf16 else FakeCAI((groups, n), "<f2")
@@ -44,6 +44,7 @@ def weight(b_type=WeightType.U4B8, group_size=128, act_order=False, bf16=False, 
         zero_points=FakeCAI((groups, n // 8), "<i4") if b_type is WeightType.U4 else None,
         g_idx=FakeCAI((K,), "<i4") if act_order else None,
         perm=FakeCAI((K,), "<i4") if act_order else None,
+        in_features=in_features,
     )
 
 
@@ -109,6 +110,21 @@ def test_row_stride_becomes_lda(lib):
     assert lib.launches[-1]["lda"] == 264
 
 
+def test_a_padded_k_shard_takes_its_own_width(lib):
+    # from_gptq(k_full=False): k = 256 padded rows gathered from x's 200 columns.
+    w = weight(act_order=True, in_features=200)
+    assert w.in_features == 200 and w.k == K
+    ff.linear(x16(3, k=200), w)
+    f = lib.launches[-1]
+    assert (f["m"], f["k"], f["lda"]) == (3, K, 200) and f["flags"] & FERRUM_MM_FLAG_ACT_ORDER
+    assert f["a_tmp_bytes"] >= 3 * K * 2
+    with pytest.raises(ArgumentError, match=r"x has 256 columns \(last dimension\), the weight takes in_features=200"):
+        ff.linear(x16(3), w)
+    for bad, kwargs in ((200, {}), (0, dict(act_order=True)), (K + 8, dict(act_order=True))):
+        with pytest.raises(ArgumentError, match=rf"in_features={bad} must equal k={K}, or for an act-order weight"):
+            weight(in_features=bad, **kwargs)
+
+
 def test_leading_dimensions_are_rows(lib):
     x = FakeCAI((2, 3, K), "<f2")
     out = ff.linear(x, weight())
@@ -161,7 +177,7 @@ def test_x_dtype_must_be_the_weights(lib):
 
 
 def test_x_columns_must_be_k(lib):
-    rejects(r"x has 128 columns \(last dimension\), the weight has k=256", x=x16(4, k=128))
+    rejects(r"x has 128 columns \(last dimension\), the weight takes in_features=256", x=x16(4, k=128))
 
 
 def test_x_layout(lib):

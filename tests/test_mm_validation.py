@@ -146,6 +146,17 @@ def test_lda_must_cover_k():
     validate_mm(replace(VALID, lda=256))
 
 
+def test_lda_below_k_only_with_act_order():
+    # A padded K shard: a is read only through perm, so it may be narrower than k.
+    gathered = MmProblem.create(4, 256, 512, F16, U4B8, 128, lda=136, act_order=True)
+    validate_mm(gathered)
+    assert mm_spans(gathered, 1)["a"] == (3 * 136 + 136) * 2
+    assert mm_spans(replace(gathered, lda=520), 1)["a"] == (3 * 520 + 512) * 2
+    rejects(replace(gathered, lda=0), r"\blda=0 must be > 0")
+    rejects(replace(gathered, lda=132), r"\blda=132 must be divisible by 8")
+    rejects(replace(gathered, flags=VALID.flags), r"lda=136 must be >= k=512 \(less only with ACT_ORDER\)")
+
+
 def test_lda_must_keep_rows_16_byte_aligned():
     rejects(replace(VALID, lda=260), r"\blda=260 must be divisible by 8")
     validate_mm(replace(VALID, lda=264))

@@ -30,7 +30,7 @@ from ferrum_ffi.formats import (
 )
 from ferrum_ffi.formats import awq_to_marlin, ct_to_marlin, prepare_fp8_weight_for_marlin
 from ferrum_ffi.formats._common import bfloat16_bits_to_float32
-from ferrum_ffi.status import ArgumentError
+from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 
 from . import quant_layers as ql
 
@@ -47,6 +47,17 @@ def as_float64(values: np.ndarray) -> np.ndarray:
 
 def decode_marlin(p) -> np.ndarray:
     """float64 W[k, n] in the ORIGINAL row order, from the Marlin buffers only."""
+    w = decode_marlin_rows(p)
+    if p.perm is not None:
+        assert np.array_equal(p.g_idx, np.arange(p.k) // p.group_size), "the stored g_idx is the sorted one"
+        original = np.empty_like(w)
+        original[p.perm] = w  # row i of the packed weight is original row perm[i]
+        w = original
+    return w
+
+
+def decode_marlin_rows(p) -> np.ndarray:
+    """float64 W[k, n] in the packed (permuted) row order, from the Marlin buffers only."""
     bits = p.b_type.bits
     codes = (marlin_unpack_int4 if bits == 4 else marlin_unpack_int8)(p.b, p.k, p.n)
     scales = as_float64(marlin_unpermute_scales(p.scales, p.group_size))
@@ -59,11 +70,6 @@ def decode_marlin(p) -> np.ndarray:
         else:
             zero = {WeightType.U4B8: 8.0, WeightType.U8B128: 128.0}[p.b_type]
         w = (codes.astype(np.float64) - zero) * scales[group]
-    if p.perm is not None:
-        assert np.array_equal(p.g_idx, group), "the stored g_idx is the sorted one"
-        original = np.empty_like(w)
-        original[p.perm] = w  # row i of the packed weight is original row perm[i]
-        w = original
     return w
 
 
@@ -148,6 +154,59 @@ def test_gptq_act_order_groups_of_unequal_size_are_rejected():
     g_idx[np.flatnonzero(g_idx == 0)[0]] = 1  # group 0 loses a row to group 1
     with pytest.raises(ArgumentError, match=r"g_idx must give every group exactly group_size=64 rows .* group 0 has 63"):
         prepare_gptq(t["qweight"], t["scales"], t["qzeros"], g_idx)
+
+
+def gptq_k_shard(rng, *, shards, shard, bits=4, sym=True, group_size=128, k=1536):
+    """Rows [shard * k/shards, (shard + 1) * k/shards) of an act-order layer: the
+    shard's qweight rows and g_idx, with the whole layer's scales and qzeros."""
+    t = ql.gptq_layer(rng, k, N, bits=bits, group_size=group_size, sym=sym, act_order=True)
+    rows, per_word = k // shards, 32 // bits
+    return dict(qweight=t["qweight"][shard * rows // per_word:(shard + 1) * rows // per_word],
+                scales=t["scales"], qzeros=t["qzeros"], g_idx=t["g_idx"][shard * rows:(shard + 1) * rows])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("bits, sym", [(4, True), (8, True), (4, False)])
+@pytest.mark.parametrize("shards, shard, group_size", [(2, 1, 128), (4, 0, 128), (8, 5, 64), (3, 2, 32)])
+def test_gptq_k_shard_of_an_act_order_layer(bits, sym, shards, shard, group_size, dtype):
+    rng = np.random.default_rng(bits * 100 + shards * 10 + shard)
+    t = gptq_k_shard(rng, shards=shards, shard=shard, bits=bits, sym=sym, group_size=group_size)
+    rows = 1536 // shards
+    p = prepare_gptq(t["qweight"], t["scales"], t["qzeros"], t["g_idx"], bits=bits, sym=sym,
+                     group_size=group_size, k_full=False, dtype=dtype)
+    assert p.in_features == p.x_features == rows
+    assert p.k % 128 == 0 and p.k >= rows and p.group_size in (32, 64, 128)
+    assert p.perm.dtype == np.int32 and p.perm.shape == (p.k,) and 0 <= p.perm.min() and p.perm.max() < rows
+    assert np.array_equal(np.unique(p.perm), np.arange(rows))  # every row of x is used
+    w = decode_marlin_rows(p)  # packed order, padded rows included
+    reference = p.reference()  # the shard's own rows, in their order
+    assert reference.shape == (rows, N)
+    x = rng.standard_normal((3, rows))
+    got, want = x[:, p.perm] @ w, x @ reference
+    bound = rounding_tolerance(p.dtype, np.float16) * (np.abs(x) @ np.abs(reference)) + 1e-9
+    assert np.all(np.abs(got - want) <= bound)
+
+
+def test_gptq_k_shard_rules():
+    t = gptq_k_shard(np.random.default_rng(5), shards=2, shard=0)
+    args = (t["qweight"], t["scales"], t["qzeros"])
+    with pytest.raises(ArgumentError, match=r"k_full=False .* needs g_idx and group_size"):
+        prepare_gptq(*args, t["g_idx"], k_full=False)
+    with pytest.raises(ArgumentError, match=r"k_full=False .* needs g_idx and group_size"):
+        prepare_gptq(*args, None, group_size=128, k_full=False)
+    with pytest.raises(ArgumentError, match=r"k_full=False .* desc_act True or None"):
+        prepare_gptq(*args, t["g_idx"], group_size=128, desc_act=False, k_full=False)
+    with pytest.raises(ArgumentError, match=r"k_full=False needs group_size > 0"):
+        prepare_gptq(*args, t["g_idx"], group_size=-1, k_full=False)
+    crowded = t["g_idx"].copy()
+    crowded[:129] = 3  # 129 rows of one group in one shard
+    with pytest.raises(ArgumentError, match=r"at most group_size=128 rows \(a K shard\); group 3 has"):
+        prepare_gptq(*args, crowded, group_size=128, k_full=False)
+    with pytest.raises(ArgumentTypeError, match=r"k_full must be a bool"):
+        prepare_gptq(*args, t["g_idx"], group_size=128, k_full=0)
+    # The shard alone, as if it were a whole layer, has uneven groups: refused.
+    with pytest.raises(ArgumentError, match=r"every group exactly .* pass k_full=False"):
+        prepare_gptq(*args, t["g_idx"])
 
 
 def test_gptq_act_order_contradicting_desc_act_is_rejected():

@@ -223,9 +223,10 @@ def gptq_zero_points(qzeros: np.ndarray, bits: int) -> np.ndarray:
     return ((stored.astype(np.uint16) + 1) & ((1 << bits) - 1)).astype(np.uint8)
 
 
-def _check_g_idx(fn: str, g_idx: object, k: int, groups: int, group_size: int) -> np.ndarray:
+def _check_g_idx(fn: str, g_idx: object, k: int, groups: int, group_size: int, k_full: bool = True) -> np.ndarray:
     """An act-order ``g_idx``: one group per row, every group exactly
-    ``group_size`` rows (a permutation of the plain ``k // group_size``)."""
+    ``group_size`` rows (a permutation of the plain ``k // group_size``); of
+    a K shard (``k_full=False``), at most ``group_size`` rows per group."""
     g_idx = check_ndarray(fn, "g_idx", g_idx)
     check_integer_dtype(fn, "g_idx", g_idx)
     check_ndim(fn, "g_idx", g_idx, 1)
@@ -236,12 +237,12 @@ def _check_g_idx(fn: str, g_idx: object, k: int, groups: int, group_size: int) -
             f"{fn}: g_idx values must be in 0..{groups - 1}, got range {low}..{high}"
         )
     counts = np.bincount(g_idx.astype(np.intp), minlength=groups)
-    if (counts != group_size).any():
-        bad = int(np.flatnonzero(counts != group_size)[0])
-        raise ArgumentError(
-            f"{fn}: g_idx must give every group exactly group_size={group_size} rows "
-            f"(a permutation of k // group_size); group {bad} has {int(counts[bad])}"
-        )
+    wrong = counts > group_size if not k_full else counts != group_size
+    if wrong.any():
+        bad = int(np.flatnonzero(wrong)[0])
+        rule = (f"at most group_size={group_size} rows (a K shard)" if not k_full else
+                f"exactly group_size={group_size} rows (a permutation of k // group_size)")
+        raise ArgumentError(f"{fn}: g_idx must give every group {rule}; group {bad} has {int(counts[bad])}")
     return g_idx.astype(np.intp)
 
 
@@ -253,6 +254,7 @@ def gptq_reference_dequant(
     bits: int = 4,
     sym: bool = True,
     group_size: int = 128,
+    k_full: bool = True,
 ) -> np.ndarray:
     """float64 ``W[K, N]`` of a GPTQ layer with AutoGPTQ's semantics.
 
@@ -260,23 +262,36 @@ def gptq_reference_dequant(
     when ``g_idx`` is given, else ``k // group_size`` (all of K for -1);
     ``zero = 2**(bits-1)`` when ``sym`` (``qzeros``, if given, must hold that
     zero point), else :func:`gptq_zero_points` of ``qzeros`` (required).
+    ``k_full=False``: the rows are a K shard of an act-order layer (``g_idx``
+    required, ``scales`` / ``qzeros`` of every group of the whole layer).
     Exact for fp16/bf16/fp32 scales: the reference the GPU results and the
     Marlin converters are compared with."""
     fn = "gptq_reference_dequant"
     bits = check_bits(fn, bits)
     if not isinstance(sym, (bool, np.bool_)):
         raise ArgumentTypeError(f"{fn}: sym must be a bool, got {type(sym).__name__}")
+    if not isinstance(k_full, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{fn}: k_full must be a bool, got {type(k_full).__name__}")
     codes = _gptq_unpack(fn, qweight, bits)
     k, n = codes.shape
-    rows_per_group = check_int_group_size(fn, group_size, k, "k")
-    groups = k // rows_per_group
     s = check_scale_values(fn, "scales", scales)
     check_ndim(fn, "scales", s, 2)
-    check_shape(fn, "scales", s, (groups, n), "[k/group_size, n], [1, n] if group_size=-1")
+    if k_full:
+        rows_per_group = check_int_group_size(fn, group_size, k, "k")
+        groups = k // rows_per_group
+        check_shape(fn, "scales", s, (groups, n), "[k/group_size, n], [1, n] if group_size=-1")
+    else:
+        if g_idx is None:
+            raise ArgumentError(f"{fn}: k_full=False (a K shard of an act-order layer) needs g_idx")
+        rows_per_group = check_int_group_size(fn, group_size)
+        if rows_per_group == -1:
+            raise ArgumentError(f"{fn}: k_full=False needs a group_size > 0, got -1")
+        groups = s.shape[0]
+        check_shape(fn, "scales", s, (groups, n), "[groups of the whole layer, n]")
     group_of_row = (
         np.arange(k) // rows_per_group
         if g_idx is None
-        else _check_g_idx(fn, g_idx, k, groups, rows_per_group)
+        else _check_g_idx(fn, g_idx, k, groups, rows_per_group, bool(k_full))
     )
     if qzeros is not None:
         qzeros = _check_qzeros(fn, qzeros, bits)

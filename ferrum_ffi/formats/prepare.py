@@ -39,7 +39,10 @@ from .awq import awq_reference_dequant, awq_to_marlin
 from .compressed_tensors import ct_reference_dequant, ct_to_marlin
 from .fp8 import FP8_BLOCK, fp8_reference_dequant, prepare_fp8_weight_for_marlin
 from .gptq import (
+    _check_g_idx,
+    gptq_pack,
     gptq_reference_dequant,
+    gptq_unpack,
     gptq_zero_points,
     permute_gptq_qweight_rows,
     repack_gptq_to_marlin_bits,
@@ -58,6 +61,8 @@ __all__ = [
 
 GEMM_K_MULTIPLE = 128
 GEMM_N_MULTIPLE = 64
+# Group sizes a K shard's uneven groups may be padded to (the kernel's).
+SHARD_SUB_GROUPS = (128, 64, 32)
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,8 @@ class PreparedLinear:
     ``scales`` ``dtype`` ``[num_groups, n]`` in Marlin order (FE4M3FN: times
     256); ``zero_points`` int32 ``[num_groups, n/8]`` for U4 only; ``g_idx``
     (sorted) and ``perm`` int32 ``[k]`` for act-order only, with ``b`` and
-    the scales in the permuted row order."""
+    the scales in the permuted row order. ``in_features``: the width of x
+    (``k`` unless a K shard's groups were padded, see :func:`prepare_gptq`)."""
 
     b: np.ndarray
     scales: np.ndarray
@@ -81,10 +87,16 @@ class PreparedLinear:
     g_idx: np.ndarray | None = None
     perm: np.ndarray | None = None
     reference: Callable[[], np.ndarray] | None = field(default=None, compare=False, repr=False)
+    in_features: int | None = None
 
     @property
     def num_groups(self) -> int:
         return 1 if self.group_size == -1 else self.k // self.group_size
+
+    @property
+    def x_features(self) -> int:
+        """Columns of the activations: ``in_features``, or ``k``."""
+        return self.k if self.in_features is None else self.in_features
 
 
 # ---- shared pieces -------------------------------------------------------------------
@@ -169,7 +181,8 @@ def _act_order(fn: str, g_idx: object, desc_act: object, k: int, groups: int, gr
         raise ArgumentError(
             f"{fn}: g_idx must give every group exactly group_size={rows} rows (the kernel reads one "
             f"scale row per {rows} permuted rows: sorted g_idx == arange(k) // group_size); "
-            f"group {bad} has {int(counts[bad])}"
+            f"group {bad} has {int(counts[bad])} (a K shard of an act-order layer: pass k_full=False "
+            f"and the layer's group_size)"
         )
     return perm
 
@@ -184,6 +197,7 @@ def prepare_gptq(
     sym: bool = True,
     desc_act: bool | None = None,
     group_size: int | None = None,
+    k_full: bool = True,
     dtype: object = np.float16,
     keep_reference: bool = True,
     fn: str = "prepare_gptq",
@@ -197,19 +211,44 @@ def prepare_gptq(
     permuted by ``perm = argsort(g_idx)`` (stable) so groups are contiguous;
     every group must then hold exactly ``group_size`` rows. ``desc_act=None``
     infers act-order from ``g_idx``. ``group_size=None`` infers it from the
-    scale rows (1 row: channelwise)."""
+    scale rows (1 row: channelwise).
+
+    ``k_full=False``: the rows are a K shard (a tensor-parallel row shard) of
+    an act-order layer: ``qweight`` holds the shard's rows (any multiple of
+    32/bits), ``g_idx`` their groups, ``scales`` / ``qzeros`` every group of the
+    whole layer, and ``group_size`` must be given. A shard holds each group
+    only in part, so its rows, sorted by group, are padded with zero-valued
+    rows (codes equal to the zero point) to whole sub-groups of 128, 64 or 32
+    rows (whichever pads least) and K to a multiple of 128: ``k`` is then the
+    padded row count, ``in_features`` the shard's, and ``perm`` maps padded
+    rows to column 0 of x (they add nothing)."""
     bits = check_bits(fn, bits)
     _check_bool(fn, "sym", sym)
     _check_bool(fn, "desc_act", desc_act, optional=True)
+    _check_bool(fn, "k_full", k_full)
     dtype = check_activation_dtype(fn, dtype)
     qweight = _check_packed_words(fn, "qweight", qweight)
     k, n = qweight.shape[0] * 32 // bits, qweight.shape[1]
-    _gemm_shape(fn, k, n, f"k = qweight.shape[0]*{32 // bits}", "n = qweight.shape[1]")
+    if k_full:
+        _gemm_shape(fn, k, n, f"k = qweight.shape[0]*{32 // bits}", "n = qweight.shape[1]")
+    elif n % GEMM_N_MULTIPLE:
+        raise ArgumentError(f"{fn}: n = qweight.shape[1]={n} must be a multiple of {GEMM_N_MULTIPLE} for the general GEMM")
     values = check_scale_values(fn, "scales", scales)
     check_ndim(fn, "scales", values, 2)
     if values.shape[1] != n:
         raise ArgumentError(f"{fn}: scales must have shape [G, n] with n={n}, got {values.shape}")
-    group_size = _group_size_from_scales(fn, group_size, values.shape[0], k, "scales.shape[0]")
+    if k_full:
+        group_size = _group_size_from_scales(fn, group_size, values.shape[0], k, "scales.shape[0]")
+    else:
+        if g_idx is None or group_size is None or desc_act is False:
+            raise ArgumentError(
+                f"{fn}: k_full=False (a K shard of an act-order layer) needs g_idx and group_size, and "
+                f"desc_act True or None (got g_idx {'given' if g_idx is not None else 'None'}, "
+                f"group_size={group_size}, desc_act={desc_act})"
+            )
+        group_size = check_int_group_size(fn, group_size)
+        if group_size == -1:
+            raise ArgumentError(f"{fn}: k_full=False needs group_size > 0, got -1")
     groups = values.shape[0]
     zero_points = None
     if qzeros is not None:
@@ -233,6 +272,10 @@ def prepare_gptq(
             raise ArgumentError(f"{fn}: qzeros is required when sym=False")
         b_type = WeightType.U4
         zero_points = marlin_pack_zero_points(zeros, 4)
+    if not k_full:
+        shard_zeros = zeros if qzeros is not None else np.full((groups, n), 1 << (bits - 1))
+        return _prepare_gptq_shard(fn, qweight, scales, values, shard_zeros, qzeros, g_idx, bits, bool(sym),
+                                   b_type, group_size, dtype, keep_reference)
     perm = _act_order(fn, g_idx, desc_act, k, groups, group_size)
     codes = qweight if perm is None else permute_gptq_qweight_rows(qweight, perm, bits)
     packed = repack_gptq_to_marlin_bits(codes, k, n, bits)
@@ -247,6 +290,61 @@ def prepare_gptq(
         g_idx=None if perm is None else np.ascontiguousarray(g_idx[perm], dtype=np.int32),
         perm=None if perm is None else perm.astype(np.int32),
         reference=reference,
+    )
+
+
+def _shard_rows(counts: np.ndarray, order: np.ndarray, groups_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """A K shard's padded row layout: each group's rows (in ``order``, sorted
+    by group) padded to whole sub-groups, the total to a multiple of 128.
+    Returns the source row of every padded row (-1: padding), the group of
+    every sub-group, and the sub-group size (the one that pads least)."""
+    def padded_total(sub: int) -> int:
+        total = int((-(-counts // sub) * sub).sum())
+        return total + (-total) % GEMM_K_MULTIPLE
+    sub = min(SHARD_SUB_GROUPS, key=padded_total)  # ties: the larger size (listed first)
+    total = padded_total(sub)
+    runs = -(-counts // sub) * sub
+    run_start = np.concatenate(([0], np.cumsum(runs)[:-1]))
+    first_sorted = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    position = run_start[groups_sorted] + np.arange(order.size) - first_sorted[groups_sorted]
+    source = np.full(total, -1, dtype=np.intp)
+    source[position] = order
+    group_of_sub = np.repeat(np.arange(counts.size), runs // sub)
+    tail = total // sub - group_of_sub.size  # sub-groups of the K padding: any group's scale
+    group_of_sub = np.concatenate((group_of_sub, np.zeros(tail, dtype=group_of_sub.dtype)))
+    return source, group_of_sub, sub
+
+
+def _prepare_gptq_shard(fn: str, qweight: np.ndarray, scales: np.ndarray, values: np.ndarray, zeros: np.ndarray,
+                        qzeros: np.ndarray | None, g_idx: object, bits: int, sym: bool, b_type: WeightType,
+                        group_size: int, dtype: np.dtype, keep_reference: bool) -> PreparedLinear:
+    """prepare_gptq's K-shard path (``k_full=False``, see there): ``values``
+    the checked scales, ``zeros`` the zero point of every group and column."""
+    k, n = qweight.shape[0] * 32 // bits, qweight.shape[1]
+    groups = values.shape[0]
+    group_of_row = _check_g_idx(fn, g_idx, k, groups, group_size, k_full=False)
+    order = np.argsort(group_of_row, kind="stable")
+    counts = np.bincount(group_of_row, minlength=groups)
+    source, group_of_sub, sub = _shard_rows(counts, order, group_of_row[order])
+    total = source.size
+    live = source >= 0
+    codes = gptq_unpack(qweight, bits)
+    rows = np.empty((total, n), dtype=codes.dtype)
+    rows[live] = codes[source[live]]
+    rows[~live] = zeros[group_of_sub[np.flatnonzero(~live) // sub]]  # zero-valued: the zero point
+    packed = repack_gptq_to_marlin_bits(gptq_pack(rows, bits), total, n, bits)
+    reference = None
+    if keep_reference:
+        reference = partial(gptq_reference_dequant, qweight, scales, qzeros, g_idx, bits, sym, group_size, False)
+    return PreparedLinear(
+        b=packed,
+        scales=_marlin_scales(fn, values[group_of_sub], sub, dtype),
+        k=total, n=n, group_size=sub, b_type=b_type, dtype=dtype,
+        zero_points=marlin_pack_zero_points(zeros[group_of_sub], 4) if b_type is WeightType.U4 else None,
+        g_idx=(np.arange(total) // sub).astype(np.int32),
+        perm=np.where(live, source, 0).astype(np.int32),
+        reference=reference,
+        in_features=k,
     )
 
 

@@ -114,14 +114,18 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *                                  carry FERRUM_FP8_SCALE_FACTOR = 256, see below)
  *
  * Buffers (device pointers):
- *   a           [m, lda] row-major, a_type; 16-byte aligned, lda >= k, lda % 8 == 0
+ *   a           [m, lda] row-major, a_type; 16-byte aligned, lda % 8 == 0, lda >= k
+ *               (ACT_ORDER: any lda > 0; a is read only at columns perm[j] < min(k, lda))
  *   b           Marlin-packed int32 [k/16, 2n] (4-bit) or [k/16, 4n] (8-bit)
  *   c           [m, n] row-major, a_type
  *   b_scales    [num_groups, n] a_type in the Marlin scale order (grouped or
  *               channelwise permutation); FE4M3FN scales are multiplied by 256
  *   zero_points U4 only: int32 [num_groups, n/8], Marlin zero-point order
  *   g_idx       act-order only: int32 [k], the group of each row of the permuted
- *               weight (the sorted g_idx)
+ *               weight (the sorted g_idx); it must equal i / group_size for row i
+ *               (what GPTQ desc_act gives an unsharded layer): the kernel takes
+ *               each row's group from its index, and only checks g_idx's presence
+ *               and alignment (ferrum_ffi checks the values when it builds a weight)
  *   perm        act-order only: int32 [k], a_tmp[:, i] = a[:, perm[i]]
  *   a_tmp       act-order only: [m, k] a_type scratch (contiguous)
  *   c_tmp       FP32_REDUCE only: fp32 scratch of at least
@@ -134,14 +138,20 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  * c_tmp, bias; g_idx, perm and workspace need 4 bytes. The *_bytes fields give the
  * capacity of workspace / c_tmp / a_tmp; the library checks the spans it needs.
  *
- * Problem: m >= 0 (0 is a no-op), n % 64 == 0, k % 128 == 0;
+ * Problem: m >= 0 (0 is a no-op), n % 64 == 0, k % 128 == 0 (other shapes are
+ *   padded by the caller: zero-valued weight columns / rows, i.e. codes equal to
+ *   the zero point, with zero columns of a for padded rows; README "Shapes");
  *   group_size -1 (channelwise, num_groups == 1) or 32, 64, 128 dividing k with
  *   num_groups == k / group_size; FE4M3FN takes -1 or 128 only.
  * Flags:
  *   ACT_ORDER        gather A by perm into a_tmp first (needs g_idx, perm, a_tmp,
  *                    an integer weight type and group_size > 0); forbidden otherwise
- *   K_FULL           the layer is not sharded along K; must be set (a K-sharded
- *                    act-order layer, K_FULL clear, is rejected as unsupported)
+ *   K_FULL           the layer is not sharded along K; must be set (K_FULL clear
+ *                    is rejected: a K-sharded act-order layer runs with K_FULL set
+ *                    once each group's rows are padded with zero-valued rows to
+ *                    whole groups of group_size, k the padded count, perm mapping
+ *                    padded rows to any column of a: ferrum_ffi's
+ *                    from_gptq(k_full=False))
  *   HAS_ZERO_POINTS  set exactly when b_type is U4 (zero_points then non-NULL)
  *   ATOMIC_ADD       partial sums of a column shared by several blocks are added
  *                    into C with atomics (the default when neither mode is set)

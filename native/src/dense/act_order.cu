@@ -25,13 +25,14 @@ __global__ void __launch_bounds__(kGatherThreads)
   const int j = (blockIdx.x * kGatherThreads + threadIdx.x) * kColumnsPerThread;
   if (j >= k) return;
   const uint16_t* src = a + static_cast<size_t>(blockIdx.y) * lda;
+  const unsigned columns = static_cast<unsigned>(min(k, lda));  // what a row of a holds
   int p[kColumnsPerThread];
 #pragma unroll
   for (int e = 0; e < kColumnsPerThread; ++e) p[e] = __ldg(perm + j + e);
   uint32_t v[kColumnsPerThread];
 #pragma unroll
   for (int e = 0; e < kColumnsPerThread; ++e)
-    v[e] = src[static_cast<unsigned>(p[e]) < static_cast<unsigned>(k) ? p[e] : 0];
+    v[e] = src[static_cast<unsigned>(p[e]) < columns ? p[e] : 0];
   const uint4 packed = make_uint4(v[0] | v[1] << 16, v[2] | v[3] << 16, v[4] | v[5] << 16, v[6] | v[7] << 16);
   *reinterpret_cast<uint4*>(out + static_cast<size_t>(blockIdx.y) * k + j) = packed;
 }

@@ -6,9 +6,10 @@
 
 namespace ferrum::dense {
 
-// a_tmp[i, j] = a[i, perm[j]] for 16-bit elements; a has row stride lda,
-// a_tmp is contiguous [m, k] and 16-byte aligned, k % 8 == 0. An out-of-range
-// perm entry reads column 0 rather than out of bounds. Launched as a chained
+// a_tmp[i, j] = a[i, perm[j]] for 16-bit elements; a has row stride lda (and
+// may be narrower than k: a padded K shard), a_tmp is contiguous [m, k] and
+// 16-byte aligned, k % 8 == 0. A perm entry outside min(k, lda) reads column 0
+// rather than out of bounds. Launched as a chained
 // kernel (core/chained_launch.h): it waits for the previous kernel's A.
 cudaError_t gather_columns(const void* a, int lda, const int* perm, void* a_tmp, int m, int k,
                            cudaStream_t stream);

@@ -44,8 +44,13 @@ int check_problem(const FerrumMarlinLaunch& l) {
   if (l.k <= 0) return invalid("%s: k=%d must be > 0", l.k);
   if (l.n % 64 != 0) return bad_shape("%s: n=%d must be divisible by 64", l.n);
   if (l.k % 128 != 0) return bad_shape("%s: k=%d must be divisible by 128", l.k);
-  if (l.lda < l.k || l.lda % 8 != 0)
-    return bad_shape("%s: lda=%d must be >= k=%d and a multiple of 8", l.lda, l.k);
+  // With act-order, a is read only through perm, at columns below min(k, lda)
+  // (a K shard whose rows were padded has k > its activations' width).
+  const bool gathered = (l.flags & FERRUM_MM_FLAG_ACT_ORDER) != 0;
+  if (l.lda <= 0 || l.lda % 8 != 0 || (!gathered && l.lda < l.k))
+    return bad_shape(gathered ? "%s: lda=%d must be a positive multiple of 8 (k=%d)"
+                              : "%s: lda=%d must be >= k=%d and a multiple of 8",
+                     l.lda, l.k);
   const bool fp8 = l.b_type == FERRUM_WEIGHT_FE4M3FN;
   const int g = l.group_size;
   if (fp8 ? (g != -1 && g != 128) : (g != -1 && g != 32 && g != 64 && g != 128))
