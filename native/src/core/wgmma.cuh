@@ -78,55 +78,50 @@ __device__ __forceinline__ void fence_async_shared() {
 // g = lane / 4, q = lane % 4. (Generated operand lists: N/2 accumulators.)
 #define FERRUM_WGMMA_INS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(keep_d)
 #define FERRUM_WGMMA_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define FERRUM_WGMMA_N16_TEXT(TYPE) \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " " \
-  "{%0, %1, %2, %3, %4, %5, %6, %7}, " \
-  "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-#define FERRUM_WGMMA_N16_OUTS \
-  FERRUM_WGMMA_D4(0), FERRUM_WGMMA_D4(1)
-#define FERRUM_WGMMA_N64_TEXT(TYPE) \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-  "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-#define FERRUM_WGMMA_N64_OUTS \
-  FERRUM_WGMMA_D4(0), FERRUM_WGMMA_D4(1), FERRUM_WGMMA_D4(2), FERRUM_WGMMA_D4(3), FERRUM_WGMMA_D4(4), \
-  FERRUM_WGMMA_D4(5), FERRUM_WGMMA_D4(6), FERRUM_WGMMA_D4(7)
-#define FERRUM_WGMMA_N128_TEXT(TYPE) \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
-  "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-#define FERRUM_WGMMA_N128_OUTS \
-  FERRUM_WGMMA_D4(0), FERRUM_WGMMA_D4(1), FERRUM_WGMMA_D4(2), FERRUM_WGMMA_D4(3), FERRUM_WGMMA_D4(4), \
-  FERRUM_WGMMA_D4(5), FERRUM_WGMMA_D4(6), FERRUM_WGMMA_D4(7), FERRUM_WGMMA_D4(8), FERRUM_WGMMA_D4(9), \
-  FERRUM_WGMMA_D4(10), FERRUM_WGMMA_D4(11), FERRUM_WGMMA_D4(12), FERRUM_WGMMA_D4(13), FERRUM_WGMMA_D4(14), \
-  FERRUM_WGMMA_D4(15)
-#define FERRUM_WGMMA_N256_TEXT(TYPE) \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " " \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+// Operand numbers: the accumulators %0.. first (lists growing with N), then
+// the four A registers, the descriptor and keep_d.
+#define FERRUM_WGMMA_TEXT(SHAPE, TYPE, DREGS, A0, A1, A2, A3, DESC, KEEP)                              \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #KEEP ", 0;\n"                                                 \
+  "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" DREGS "}, "                          \
+  "{%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DESC ", p, 1, 1, 0;\n}\n"
+#define FERRUM_WGMMA_R0_7 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define FERRUM_WGMMA_R8_31 \
+  ", %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31"
+#define FERRUM_WGMMA_R32_63 \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FERRUM_WGMMA_R64_127 \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, " \
-  "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
-#define FERRUM_WGMMA_N256_OUTS \
-  FERRUM_WGMMA_D4(0), FERRUM_WGMMA_D4(1), FERRUM_WGMMA_D4(2), FERRUM_WGMMA_D4(3), FERRUM_WGMMA_D4(4), \
-  FERRUM_WGMMA_D4(5), FERRUM_WGMMA_D4(6), FERRUM_WGMMA_D4(7), FERRUM_WGMMA_D4(8), FERRUM_WGMMA_D4(9), \
-  FERRUM_WGMMA_D4(10), FERRUM_WGMMA_D4(11), FERRUM_WGMMA_D4(12), FERRUM_WGMMA_D4(13), FERRUM_WGMMA_D4(14), \
-  FERRUM_WGMMA_D4(15), FERRUM_WGMMA_D4(16), FERRUM_WGMMA_D4(17), FERRUM_WGMMA_D4(18), FERRUM_WGMMA_D4(19), \
-  FERRUM_WGMMA_D4(20), FERRUM_WGMMA_D4(21), FERRUM_WGMMA_D4(22), FERRUM_WGMMA_D4(23), FERRUM_WGMMA_D4(24), \
-  FERRUM_WGMMA_D4(25), FERRUM_WGMMA_D4(26), FERRUM_WGMMA_D4(27), FERRUM_WGMMA_D4(28), FERRUM_WGMMA_D4(29), \
-  FERRUM_WGMMA_D4(30), FERRUM_WGMMA_D4(31)
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define FERRUM_WGMMA_D0_1 FERRUM_WGMMA_D4(0), FERRUM_WGMMA_D4(1)
+#define FERRUM_WGMMA_D2_7 \
+  FERRUM_WGMMA_D4(2), FERRUM_WGMMA_D4(3), FERRUM_WGMMA_D4(4), FERRUM_WGMMA_D4(5), FERRUM_WGMMA_D4(6), \
+  FERRUM_WGMMA_D4(7)
+#define FERRUM_WGMMA_D8_15 \
+  FERRUM_WGMMA_D4(8), FERRUM_WGMMA_D4(9), FERRUM_WGMMA_D4(10), FERRUM_WGMMA_D4(11), FERRUM_WGMMA_D4(12), \
+  FERRUM_WGMMA_D4(13), FERRUM_WGMMA_D4(14), FERRUM_WGMMA_D4(15)
+#define FERRUM_WGMMA_D16_31 \
+  FERRUM_WGMMA_D4(16), FERRUM_WGMMA_D4(17), FERRUM_WGMMA_D4(18), FERRUM_WGMMA_D4(19), FERRUM_WGMMA_D4(20), \
+  FERRUM_WGMMA_D4(21), FERRUM_WGMMA_D4(22), FERRUM_WGMMA_D4(23), FERRUM_WGMMA_D4(24), FERRUM_WGMMA_D4(25), \
+  FERRUM_WGMMA_D4(26), FERRUM_WGMMA_D4(27), FERRUM_WGMMA_D4(28), FERRUM_WGMMA_D4(29), FERRUM_WGMMA_D4(30), \
+  FERRUM_WGMMA_D4(31)
+#define FERRUM_WGMMA_N16_TEXT(TYPE) FERRUM_WGMMA_TEXT("m64n16k16", TYPE, FERRUM_WGMMA_R0_7, 8, 9, 10, 11, 12, 13)
+#define FERRUM_WGMMA_N16_OUTS FERRUM_WGMMA_D0_1
+#define FERRUM_WGMMA_N64_TEXT(TYPE) \
+  FERRUM_WGMMA_TEXT("m64n64k16", TYPE, FERRUM_WGMMA_R0_7 FERRUM_WGMMA_R8_31, 32, 33, 34, 35, 36, 37)
+#define FERRUM_WGMMA_N64_OUTS FERRUM_WGMMA_D0_1, FERRUM_WGMMA_D2_7
+#define FERRUM_WGMMA_N128_TEXT(TYPE)                                                                    \
+  FERRUM_WGMMA_TEXT("m64n128k16", TYPE, FERRUM_WGMMA_R0_7 FERRUM_WGMMA_R8_31 FERRUM_WGMMA_R32_63, 64, 65, 66, \
+                    67, 68, 69)
+#define FERRUM_WGMMA_N128_OUTS FERRUM_WGMMA_N64_OUTS, FERRUM_WGMMA_D8_15
+#define FERRUM_WGMMA_N256_TEXT(TYPE)                                                                   \
+  FERRUM_WGMMA_TEXT("m64n256k16", TYPE,                                                                \
+                    FERRUM_WGMMA_R0_7 FERRUM_WGMMA_R8_31 FERRUM_WGMMA_R32_63 FERRUM_WGMMA_R64_127, 128, 129, \
+                    130, 131, 132, 133)
+#define FERRUM_WGMMA_N256_OUTS FERRUM_WGMMA_N128_OUTS, FERRUM_WGMMA_D16_31
 template <int N, bool Bf16>
 __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
                                            int keep_d = 1) {
@@ -153,6 +148,15 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t 
 
 #undef FERRUM_WGMMA_INS
 #undef FERRUM_WGMMA_D4
+#undef FERRUM_WGMMA_TEXT
+#undef FERRUM_WGMMA_R0_7
+#undef FERRUM_WGMMA_R8_31
+#undef FERRUM_WGMMA_R32_63
+#undef FERRUM_WGMMA_R64_127
+#undef FERRUM_WGMMA_D0_1
+#undef FERRUM_WGMMA_D2_7
+#undef FERRUM_WGMMA_D8_15
+#undef FERRUM_WGMMA_D16_31
 #undef FERRUM_WGMMA_N16_TEXT
 #undef FERRUM_WGMMA_N16_OUTS
 #undef FERRUM_WGMMA_N64_TEXT
