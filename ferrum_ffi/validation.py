@@ -285,24 +285,28 @@ class MmProblem:
         *,
         lda: int | None = None,
         act_order: bool = False,
+        k_full: bool = True,
+        num_groups: int | None = None,
         fp32_reduce: bool = False,
         sms: int = -1,
         thread_k: int = -1,
         thread_n: int = -1,
     ) -> "MmProblem":
         """A problem with ``lda = k`` (dense rows) unless given, ``num_groups``
-        from ``group_size`` and the flags every valid launch of that kind
-        carries: K_FULL, HAS_ZERO_POINTS for U4, ACT_ORDER when asked, and
-        FP32_REDUCE or else ATOMIC_ADD."""
-        flags = FERRUM_MM_FLAG_K_FULL
+        from ``group_size`` unless given (a K shard: the whole layer's), and
+        the flags every valid launch of that kind carries: K_FULL unless
+        ``k_full=False`` (a K shard of an act-order layer), HAS_ZERO_POINTS for
+        U4, ACT_ORDER when asked, and FP32_REDUCE or else ATOMIC_ADD."""
+        flags = FERRUM_MM_FLAG_K_FULL if k_full else 0
         if b_type == FERRUM_WEIGHT_U4:
             flags |= FERRUM_MM_FLAG_HAS_ZERO_POINTS
         if act_order:
             flags |= FERRUM_MM_FLAG_ACT_ORDER
         flags |= FERRUM_MM_FLAG_FP32_REDUCE if fp32_reduce else FERRUM_MM_FLAG_ATOMIC_ADD
         # Nonsense values pass through unchanged for validate_mm to name.
-        grouped = isinstance(k, int) and isinstance(group_size, int) and group_size > 0
-        num_groups = k // group_size if grouped else 1
+        if num_groups is None:
+            grouped = isinstance(k, int) and isinstance(group_size, int) and group_size > 0
+            num_groups = k // group_size if grouped else 1
         return cls(
             m=m, n=n, k=k, lda=k if lda is None else lda, group_size=group_size, num_groups=num_groups,
             a_type=a_type, b_type=b_type, flags=flags, sms=sms, thread_k=thread_k, thread_n=thread_n,
@@ -310,6 +314,11 @@ class MmProblem:
 
     def has(self, flag: int) -> bool:
         return bool(self.flags & flag)
+
+    @property
+    def k_sharded(self) -> bool:
+        """K_FULL clear: a K shard of an act-order layer (groups per row)."""
+        return not self.has(FERRUM_MM_FLAG_K_FULL)
 
     @property
     def weight_bits(self) -> int:
@@ -379,9 +388,8 @@ def _check_flags(entry: str, p: MmProblem) -> None:
     if unknown:
         fail(f"{entry}: flags={p.flags:#x} has unknown bits {unknown:#x} "
              f"(known: {', '.join(_FLAG_NAMES.values())})")
-    if not p.has(FERRUM_MM_FLAG_K_FULL):
-        fail(f"{entry}: flags must set K_FULL: a K-sharded layer (K_FULL clear, act-order over a "
-             "shard of K) is not supported; gather the full K or run it without act-order")
+    if p.k_sharded and not p.has(FERRUM_MM_FLAG_ACT_ORDER):
+        fail(f"{entry}: flags may clear K_FULL (a K shard of an act-order layer) only with ACT_ORDER")
     is_u4 = p.b_type == FERRUM_WEIGHT_U4
     if p.has(FERRUM_MM_FLAG_HAS_ZERO_POINTS) != is_u4:
         fail(f"{entry}: flags HAS_ZERO_POINTS must be set exactly when b_type is U4 "
@@ -428,13 +436,22 @@ def validate_mm(problem: MmProblem, entry: str = MM_ENTRY) -> None:
     if p.group_size not in allowed:
         fail(f"{entry}: group_size={p.group_size} must be one of {', '.join(map(str, allowed))} "
              f"for b_type={_B_TYPE_NAMES[p.b_type]}")
-    if p.group_size != -1:
-        check_multiple(entry, "k", p.k, p.group_size)
-    groups = 1 if p.group_size == -1 else p.k // p.group_size
-    if p.num_groups != groups:
-        fail(f"{entry}: num_groups={p.num_groups} must be {groups} "
-             f"({'1 for channelwise' if p.group_size == -1 else f'k/group_size = {p.k}/{p.group_size}'})")
     _check_flags(entry, p)
+    if p.k_sharded:
+        # Each row names its group (g_idx); the scales hold the whole layer's.
+        check_positive(entry, "num_groups", p.num_groups)
+        if p.n % 128:
+            fail(f"{entry}: n={p.n} must be divisible by 128 with K_FULL clear (its tile is 128 columns wide)")
+        if (p.thread_k, p.thread_n) not in ((-1, -1), (128, 128)):
+            fail(f"{entry}: K_FULL clear runs the (128, 128) tile, got (thread_k, thread_n)="
+                 f"({p.thread_k}, {p.thread_n})")
+    else:
+        if p.group_size != -1:
+            check_multiple(entry, "k", p.k, p.group_size)
+        groups = 1 if p.group_size == -1 else p.k // p.group_size
+        if p.num_groups != groups:
+            fail(f"{entry}: num_groups={p.num_groups} must be {groups} "
+                 f"({'1 for channelwise' if p.group_size == -1 else f'k/group_size = {p.k}/{p.group_size}'})")
     if p.sms != -1 and p.sms < 1:
         fail(f"{entry}: sms={p.sms} must be -1 (all) or >= 1")
     if (p.thread_k, p.thread_n) not in MM_TILES:

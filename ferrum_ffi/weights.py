@@ -55,9 +55,13 @@ class MarlinLinearWeight:
     int32 ``[num_groups, n/8]`` for U4 only; ``g_idx`` (sorted) and ``perm``
     int32 ``[k]`` for an act-order layer only. ``dtype`` is the activation
     dtype (float16 or ml_dtypes bfloat16): activations, scales, bias and
-    output share it. ``in_features``: the columns of x, ``k`` unless an
-    act-order weight's rows were padded (a K shard, ``from_gptq(k_full=False)``):
-    then ``perm`` maps its ``k`` rows to x's ``in_features <= k`` columns.
+    output share it. ``k_full=False``: a K shard of an act-order layer
+    (``from_gptq(k_full=False)``): ``scales`` / ``zero_points`` hold all of
+    the layer's groups (``num_groups`` is their row count) and the sorted
+    ``g_idx`` names each row's group. ``in_features``: the columns of x, ``k``
+    unless an act-order weight's rows were padded (a K shard whose rows are
+    not a multiple of 128): then ``perm`` maps its ``k`` rows to x's
+    ``in_features <= k`` columns.
     """
 
     b: Any
@@ -72,8 +76,10 @@ class MarlinLinearWeight:
     perm: Any = None
     reference: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
     in_features: int | None = None
+    k_full: bool = True
     _views: dict[str, DeviceArray] = field(init=False, repr=False, compare=False)
     _device: int = field(init=False, repr=False, compare=False)
+    _shard_groups: int = field(init=False, default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("k", "n", "group_size"):
@@ -85,6 +91,16 @@ class MarlinLinearWeight:
         self.dtype = check_activation_dtype(ENTRY, self.dtype)
         if (self.g_idx is None) != (self.perm is None):
             fail(f"{ENTRY}: g_idx and perm come together (act-order) or not at all")
+        if not isinstance(self.k_full, (bool, np.bool_)):
+            raise ArgumentTypeError(f"{ENTRY}: k_full must be a bool, got {type(self.k_full).__name__}")
+        if not self.k_full and self.perm is None:
+            fail(f"{ENTRY}: k_full=False (a K shard of an act-order layer) needs g_idx and perm")
+        views = {
+            "b": as_device_array(self.b, "b"),
+            "scales": as_device_array(self.scales, "scales"),
+        }
+        # A K shard's group count is its scales' (the whole layer's groups).
+        self._shard_groups = views["scales"].shape[0] if views["scales"].shape else 0
         if self.in_features is None:
             self.in_features = self.k
         check_int(ENTRY, "in_features", self.in_features)
@@ -92,10 +108,6 @@ class MarlinLinearWeight:
             fail(f"{ENTRY}: in_features={self.in_features} must equal k={self.k}, or for an act-order weight "
                  f"(perm maps its rows to x's columns) be in 1..k")
         validate_mm(self.problem(0), ENTRY)
-        views = {
-            "b": as_device_array(self.b, "b"),
-            "scales": as_device_array(self.scales, "scales"),
-        }
         check_array(ENTRY, "b", views["b"], np.int32, ndim=2)
         check_shape(ENTRY, "b", views["b"], (self.k // 16, self.b_type.bits // 2 * self.n))
         check_array(ENTRY, "scales", views["scales"], self.dtype, ndim=2)
@@ -121,6 +133,8 @@ class MarlinLinearWeight:
 
     @property
     def num_groups(self) -> int:
+        if not self.k_full:
+            return self._shard_groups
         return 1 if self.group_size == -1 else self.k // self.group_size
 
     @property
@@ -136,7 +150,7 @@ class MarlinLinearWeight:
     @property
     def flags(self) -> int:
         """The layer's flag bits (the reduction mode is the call's choice)."""
-        flags = FERRUM_MM_FLAG_K_FULL
+        flags = FERRUM_MM_FLAG_K_FULL if self.k_full else 0
         if self.b_type is WeightType.U4:
             flags |= FERRUM_MM_FLAG_HAS_ZERO_POINTS
         if self.act_order:
@@ -152,7 +166,8 @@ class MarlinLinearWeight:
         """The ``ferrum_marlin_mm`` problem of ``m`` activation rows on this weight."""
         return MmProblem.create(
             m, self.n, self.k, int(self.a_type), int(self.b_type), self.group_size, lda=lda,
-            act_order=self.act_order, fp32_reduce=fp32_reduce, sms=sms, thread_k=thread_k, thread_n=thread_n,
+            act_order=self.act_order, k_full=bool(self.k_full), num_groups=self.num_groups,
+            fp32_reduce=fp32_reduce, sms=sms, thread_k=thread_k, thread_n=thread_n,
         )
 
     def reference_dequant(self) -> np.ndarray:
@@ -188,6 +203,7 @@ class MarlinLinearWeight:
             perm=up(prepared.perm),
             reference=prepared.reference,
             in_features=prepared.x_features,
+            k_full=prepared.k_full,
         )
 
     @classmethod
@@ -204,6 +220,7 @@ class MarlinLinearWeight:
         *,
         group_size: int | None = None,
         k_full: bool = True,
+        shard_layout: str = "padded",
         keep_reference: bool = True,
         to_device: ToDevice | None = None,
     ) -> "MarlinLinearWeight":
@@ -213,11 +230,13 @@ class MarlinLinearWeight:
         (desc_act) layers are permuted so that each group's rows are
         contiguous (``desc_act=None``: decided by ``g_idx``). ``k_full=False``:
         the tensors are a K shard of an act-order layer (``scales`` / ``qzeros``
-        of the whole layer, ``group_size`` given): see ``prepare_gptq``."""
+        of the whole layer, ``group_size`` given), laid out by ``shard_layout``
+        (``"padded"`` or vLLM's ``"row_groups"``): see ``prepare_gptq``."""
         prepared = prepare_gptq(
             host_array(qweight, "qweight"), host_array(scales, "scales"), _optional_host(qzeros, "qzeros"),
             _optional_host(g_idx, "g_idx"), bits=bits, sym=sym, desc_act=desc_act, group_size=group_size,
-            k_full=k_full, dtype=dtype, keep_reference=keep_reference, fn=f"{ENTRY}.from_gptq",
+            k_full=k_full, shard_layout=shard_layout, dtype=dtype, keep_reference=keep_reference,
+            fn=f"{ENTRY}.from_gptq",
         )
         return cls.from_prepared(prepared, to_device)
 

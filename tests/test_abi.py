@@ -693,7 +693,13 @@ MM_BAD = {
     "num_groups": dict(num_groups=3),
     "zero_point_flag": dict(flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_HAS_ZERO_POINTS),
     "u4_without_flag": dict(b_type=_abi.FERRUM_WEIGHT_U4, zero_points=0x6000),
-    "k_full_clear": dict(flags=_abi.FERRUM_MM_FLAG_ATOMIC_ADD),
+    "k_full_clear_without_act_order": dict(flags=_abi.FERRUM_MM_FLAG_ATOMIC_ADD),
+    "k_shard_no_groups": dict(num_groups=0, g_idx=0x8000, perm=0x9000, a_tmp=0xA000, a_tmp_bytes=1 << 20,
+                              flags=_abi.FERRUM_MM_FLAG_ATOMIC_ADD | _abi.FERRUM_MM_FLAG_ACT_ORDER),
+    "k_shard_n_192": dict(n=192, num_groups=8, g_idx=0x8000, perm=0x9000, a_tmp=0xA000, a_tmp_bytes=1 << 20,
+                          flags=_abi.FERRUM_MM_FLAG_ATOMIC_ADD | _abi.FERRUM_MM_FLAG_ACT_ORDER),
+    "k_shard_tile": dict(thread_k=64, thread_n=256, num_groups=8, g_idx=0x8000, perm=0x9000, a_tmp=0xA000,
+                         a_tmp_bytes=1 << 20, flags=_abi.FERRUM_MM_FLAG_ATOMIC_ADD | _abi.FERRUM_MM_FLAG_ACT_ORDER),
     "both_reductions": dict(flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_FP32_REDUCE, c_tmp=0x7000, c_tmp_bytes=1 << 30),
     "act_order_fp8": dict(b_type=_abi.FERRUM_WEIGHT_FE4M3FN, g_idx=0x8000, perm=0x9000, a_tmp=0xA000,
                           a_tmp_bytes=1 << 20, flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_ACT_ORDER),
@@ -738,6 +744,17 @@ def test_mm_act_order_activations_may_be_narrower_than_k(lib, no_gpu):
                   flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_ACT_ORDER)
     validate_mm(_problem_of(narrow))
     status, message = call_mm(lib, **narrow)
+    assert status is not None and status.stage in (1, 9), (status, message)  # past every argument rule
+    assert message
+
+
+def test_mm_k_shard_passes_every_argument_rule(lib, no_gpu):
+    # K_FULL clear: the whole layer's 8 groups over a 256-row shard, each row's
+    # group named by g_idx.
+    shard = dict(num_groups=8, lda=200, g_idx=0x8000, perm=0x9000, a_tmp=0xA000, a_tmp_bytes=1 << 20,
+                 flags=_abi.FERRUM_MM_FLAG_ATOMIC_ADD | _abi.FERRUM_MM_FLAG_ACT_ORDER)
+    validate_mm(_problem_of(shard))
+    status, message = call_mm(lib, **shard)
     assert status is not None and status.stage in (1, 9), (status, message)  # past every argument rule
     assert message
 

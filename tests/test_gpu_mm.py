@@ -374,19 +374,34 @@ def test_gptq_end_to_end(cp, dtype_name, bits, sym, act_order):
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("bits, sym", [(4, True), (4, False), (8, True)])
-@pytest.mark.parametrize("shards, shard", [(2, 1), (8, 3)])
-def test_gptq_k_shard_end_to_end(cp, dtype_name, bits, sym, shards, shard):
+@pytest.mark.parametrize("first, last, group_size", [(1024, 2048, 128), (768, 1024, 128), (200, 488, 64),
+                                                     (1000, 1160, 32)])
+@pytest.mark.parametrize("layout", ["padded", "row_groups"])
+def test_gptq_k_shard_end_to_end(cp, dtype_name, bits, sym, first, last, group_size, layout):
     # A tensor-parallel row shard of a desc_act layer (vLLM's is_k_full=False):
-    # from_gptq(k_full=False) pads its groups; x holds only the shard's columns.
-    t = ql.gptq_layer(np.random.default_rng(shards + bits), CK, CN, bits=bits, group_size=128, sym=sym,
+    # its rows hold each group only in part. "row_groups": the kernel reads
+    # every row's group from g_idx (K_FULL clear); "padded": groups padded to
+    # whole sub-groups. x holds only the shard's columns.
+    t = ql.gptq_layer(np.random.default_rng(first + bits), CK, CN, bits=bits, group_size=group_size, sym=sym,
                       act_order=True)
-    rows, per_word = CK // shards, 32 // bits
-    q = t["qweight"][shard * rows // per_word:(shard + 1) * rows // per_word]
-    g_idx = t["g_idx"][shard * rows:(shard + 1) * rows]
+    per_word = 32 // bits
+    q = t["qweight"][first // per_word:last // per_word]
+    g_idx = t["g_idx"][first:last]
     weight = ff.MarlinLinearWeight.from_gptq(q, t["scales"], t["qzeros"], g_idx, bits=bits, sym=sym,
-                                             dtype=DTYPES[dtype_name], group_size=128, k_full=False)
-    assert weight.act_order and weight.in_features == rows < weight.k
-    end_to_end(cp, weight, gptq_reference_dequant(q, t["scales"], t["qzeros"], g_idx, bits, sym, 128, False))
+                                             dtype=DTYPES[dtype_name], group_size=group_size, k_full=False,
+                                             shard_layout=layout)
+    assert weight.act_order and weight.in_features == last - first
+    assert weight.k_full == (layout == "padded")
+    if layout == "row_groups":
+        assert weight.num_groups == CK // group_size
+    reference = gptq_reference_dequant(q, t["scales"], t["qzeros"], g_idx, bits, sym, group_size, False)
+    end_to_end(cp, weight, reference, m_values=(1, 20, 33, 300))
+    x = activations(40, weight.in_features, weight.dtype, seed=3)
+    want = reference_product(cp, x, reference)
+    first_out = ff.linear(to_device(cp, x), weight, fp32_reduce=True)
+    assert relative_l2(first_out, want) < TOLERANCE[weight.dtype]
+    again = ff.linear(to_device(cp, x), weight, fp32_reduce=True)
+    assert np.array_equal(to_host(first_out).view(np.uint16), to_host(again).view(np.uint16))
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)

@@ -125,6 +125,33 @@ def test_a_padded_k_shard_takes_its_own_width(lib):
             weight(in_features=bad, **kwargs)
 
 
+def k_shard_weight(groups=24, n=N, b_type=WeightType.U4, **kwargs):
+    """A K shard in vLLM's layout: the whole layer's groups, K_FULL clear."""
+    return ff.MarlinLinearWeight(
+        b=FakeCAI((K // 16, 2 * n), "<i4"), scales=FakeCAI((groups, n), "<f2"), k=K, n=n, group_size=128,
+        b_type=b_type, zero_points=FakeCAI((groups, n // 8), "<i4") if b_type is WeightType.U4 else None,
+        g_idx=FakeCAI((K,), "<i4"), perm=FakeCAI((K,), "<i4"), in_features=200, k_full=False, **kwargs,
+    )
+
+
+def test_a_row_group_k_shard_clears_k_full(lib):
+    w = k_shard_weight()
+    assert w.num_groups == 24 and not w.k_full
+    ff.linear(x16(3, k=200), w)
+    f = lib.launches[-1]
+    assert not f["flags"] & FERRUM_MM_FLAG_K_FULL and f["flags"] & FERRUM_MM_FLAG_ACT_ORDER
+    assert (f["num_groups"], f["k"], f["lda"]) == (24, K, 200)
+    with pytest.raises(ArgumentError, match=r"n=64 must be divisible by 128 with K_FULL clear"):
+        k_shard_weight(n=64)
+    with pytest.raises(ArgumentError, match=r"k_full=False \(a K shard of an act-order layer\) needs g_idx and perm"):
+        ff.MarlinLinearWeight(b=FakeCAI((K // 16, 2 * N), "<i4"), scales=FakeCAI((24, N), "<f2"), k=K, n=N,
+                              group_size=128, b_type=WeightType.U4B8, k_full=False)
+    with pytest.raises(ArgumentTypeError, match=r"k_full must be a bool"):
+        ff.MarlinLinearWeight(b=FakeCAI((K // 16, 2 * N), "<i4"), scales=FakeCAI((24, N), "<f2"), k=K, n=N,
+                              group_size=128, b_type=WeightType.U4B8, g_idx=FakeCAI((K,), "<i4"),
+                              perm=FakeCAI((K,), "<i4"), k_full="no")
+
+
 def test_leading_dimensions_are_rows(lib):
     x = FakeCAI((2, 3, K), "<f2")
     out = ff.linear(x, weight())

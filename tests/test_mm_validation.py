@@ -200,11 +200,40 @@ def test_unknown_flag_bits_are_rejected(bit):
     rejects(with_flags(VALID, bit), rf"flags=0x[0-9a-f]+ has unknown bits {bit:#x}")
 
 
-def test_k_full_must_be_set_k_sharded_act_order_is_unsupported():
-    rejects(with_flags(VALID, clear_bits=FERRUM_MM_FLAG_K_FULL), r"flags must set K_FULL: a K-sharded layer .* not supported")
-    act = MmProblem.create(16, 256, 256, F16, U4B8, 128, act_order=True)
-    rejects(with_flags(act, clear_bits=FERRUM_MM_FLAG_K_FULL), r"K_FULL.*K-sharded")
-    validate_mm(act)
+def k_shard(**overrides) -> MmProblem:
+    """A K shard of an act-order layer: 384 rows of a layer with 24 groups."""
+    args = dict(m=16, n=256, k=384, a_type=F16, b_type=U4B8, group_size=128, act_order=True, k_full=False,
+                num_groups=24)
+    args.update(overrides)
+    return MmProblem.create(**args)
+
+
+def test_k_shard_problem_takes_the_layers_groups():
+    p = k_shard()
+    assert p.k_sharded and not p.has(FERRUM_MM_FLAG_K_FULL) and p.num_groups == 24
+    validate_mm(p)
+    validate_mm(k_shard(k=256, num_groups=1, group_size=64, b_type=U4))  # k need not be groups * group_size
+    validate_mm(k_shard(thread_k=128, thread_n=128))
+
+
+def test_k_full_may_be_clear_only_with_act_order():
+    rejects(with_flags(VALID, clear_bits=FERRUM_MM_FLAG_K_FULL), r"may clear K_FULL \(a K shard .*\) only with ACT_ORDER")
+
+
+def test_k_shard_rules():
+    rejects(k_shard(num_groups=0), r"num_groups=0 must be > 0")
+    rejects(k_shard(n=192), r"n=192 must be divisible by 128 with K_FULL clear")
+    rejects(k_shard(thread_k=64, thread_n=256, n=512), r"K_FULL clear runs the \(128, 128\) tile")
+    rejects(k_shard(b_type=FP8), r"ACT_ORDER needs an integer weight type")
+    rejects(k_shard(group_size=-1), r"ACT_ORDER needs group_size > 0")
+    # A shard with K_FULL set must have whole groups.
+    rejects(with_flags(k_shard(), FERRUM_MM_FLAG_K_FULL), r"num_groups=24 must be 3")
+
+
+def test_k_shard_scale_spans_cover_the_whole_layer():
+    spans = mm_spans(k_shard(b_type=U4), SMS)
+    assert spans["b_scales"] == 24 * 256 * 2 and spans["zero_points"] == 24 * 256 // 8 * 4
+    assert spans["g_idx"] == spans["perm"] == 384 * 4
 
 
 @pytest.mark.parametrize("b_type", [U4B8, U8B128, FP8])

@@ -62,6 +62,8 @@ def decode_marlin_rows(p) -> np.ndarray:
     codes = (marlin_unpack_int4 if bits == 4 else marlin_unpack_int8)(p.b, p.k, p.n)
     scales = as_float64(marlin_unpermute_scales(p.scales, p.group_size))
     group = np.arange(p.k) // (p.k if p.group_size == -1 else p.group_size)
+    if not p.k_full:
+        group = p.g_idx  # a K shard: each row names its group
     if p.b_type is WeightType.FE4M3FN:
         w = e4m3_decode_bits(codes).astype(np.float64) * scales[group] / FERRUM_FP8_SCALE_FACTOR
     else:
@@ -168,14 +170,21 @@ def gptq_k_shard(rng, *, shards, shard, bits=4, sym=True, group_size=128, k=1536
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
 @pytest.mark.parametrize("bits, sym", [(4, True), (8, True), (4, False)])
 @pytest.mark.parametrize("shards, shard, group_size", [(2, 1, 128), (4, 0, 128), (8, 5, 64), (3, 2, 32)])
-def test_gptq_k_shard_of_an_act_order_layer(bits, sym, shards, shard, group_size, dtype):
+@pytest.mark.parametrize("layout", ["padded", "row_groups"])
+def test_gptq_k_shard_of_an_act_order_layer(bits, sym, shards, shard, group_size, layout, dtype):
     rng = np.random.default_rng(bits * 100 + shards * 10 + shard)
     t = gptq_k_shard(rng, shards=shards, shard=shard, bits=bits, sym=sym, group_size=group_size)
     rows = 1536 // shards
     p = prepare_gptq(t["qweight"], t["scales"], t["qzeros"], t["g_idx"], bits=bits, sym=sym,
-                     group_size=group_size, k_full=False, dtype=dtype)
+                     group_size=group_size, k_full=False, shard_layout=layout, dtype=dtype)
     assert p.in_features == p.x_features == rows
-    assert p.k % 128 == 0 and p.k >= rows and p.group_size in (32, 64, 128)
+    assert p.g_idx.shape == (p.k,) and np.all(np.diff(p.g_idx) >= 0)  # sorted: the kernel's row order
+    if layout == "padded":  # whole sub-groups: K_FULL set, one scale row per sub-group
+        assert p.k_full and p.k % 128 == 0 and p.k >= rows and p.group_size in (32, 64, 128)
+        assert np.array_equal(p.g_idx, np.arange(p.k) // p.group_size)
+    else:  # vLLM's: the whole layer's scales, each row naming its group
+        assert not p.k_full and p.k == rows + (-rows) % 128 and p.group_size == group_size
+        assert p.num_groups == t["scales"].shape[0] and p.scales.shape == (p.num_groups, N)
     assert p.perm.dtype == np.int32 and p.perm.shape == (p.k,) and 0 <= p.perm.min() and p.perm.max() < rows
     assert np.array_equal(np.unique(p.perm), np.arange(rows))  # every row of x is used
     w = decode_marlin_rows(p)  # packed order, padded rows included
@@ -204,6 +213,15 @@ def test_gptq_k_shard_rules():
         prepare_gptq(*args, crowded, group_size=128, k_full=False)
     with pytest.raises(ArgumentTypeError, match=r"k_full must be a bool"):
         prepare_gptq(*args, t["g_idx"], group_size=128, k_full=0)
+    with pytest.raises(ArgumentError, match=r"shard_layout='rows' must be one of 'padded', 'row_groups'"):
+        prepare_gptq(*args, t["g_idx"], group_size=128, k_full=False, shard_layout="rows")
+    narrow = gptq_k_shard(np.random.default_rng(6), shards=2, shard=0, k=1536)
+    q64 = narrow["qweight"][:, :64]
+    with pytest.raises(ArgumentError, match=r"n = qweight.shape\[1\]=64 must be a multiple of 128 .* 'row_groups'"):
+        prepare_gptq(q64, narrow["scales"][:, :64], narrow["qzeros"][:, :8], narrow["g_idx"], group_size=128,
+                     k_full=False, shard_layout="row_groups")
+    prepare_gptq(q64, narrow["scales"][:, :64], narrow["qzeros"][:, :8], narrow["g_idx"], group_size=128,
+                 k_full=False)  # the padded layout serves any n % 64 == 0
     # The shard alone, as if it were a whole layer, has uneven groups: refused.
     with pytest.raises(ArgumentError, match=r"every group exactly .* pass k_full=False"):
         prepare_gptq(*args, t["g_idx"])

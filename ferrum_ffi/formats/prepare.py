@@ -61,8 +61,11 @@ __all__ = [
 
 GEMM_K_MULTIPLE = 128
 GEMM_N_MULTIPLE = 64
-# Group sizes a K shard's uneven groups may be padded to (the kernel's).
+# K-shard layouts: group rows padded to whole sub-groups of these sizes (K_FULL
+# set), or rows naming their groups (K_FULL clear, whose tile is 128 wide).
+SHARD_LAYOUTS = ("padded", "row_groups")
 SHARD_SUB_GROUPS = (128, 64, 32)
+SHARD_ROW_GROUPS_N_MULTIPLE = 128
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,11 @@ class PreparedLinear:
     ``scales`` ``dtype`` ``[num_groups, n]`` in Marlin order (FE4M3FN: times
     256); ``zero_points`` int32 ``[num_groups, n/8]`` for U4 only; ``g_idx``
     (sorted) and ``perm`` int32 ``[k]`` for act-order only, with ``b`` and
-    the scales in the permuted row order. ``in_features``: the width of x
-    (``k`` unless a K shard's groups were padded, see :func:`prepare_gptq`)."""
+    the scales in the permuted row order. ``k_full=False``: a K shard of an
+    act-order layer (see :func:`prepare_gptq`): ``scales`` / ``zero_points``
+    hold every group of the whole layer and ``g_idx`` names each row's.
+    ``in_features``: the width of x (``k`` unless a K shard's rows were padded
+    to a multiple of 128)."""
 
     b: np.ndarray
     scales: np.ndarray
@@ -88,9 +94,12 @@ class PreparedLinear:
     perm: np.ndarray | None = None
     reference: Callable[[], np.ndarray] | None = field(default=None, compare=False, repr=False)
     in_features: int | None = None
+    k_full: bool = True
 
     @property
     def num_groups(self) -> int:
+        if not self.k_full:
+            return self.scales.shape[0]
         return 1 if self.group_size == -1 else self.k // self.group_size
 
     @property
@@ -198,6 +207,7 @@ def prepare_gptq(
     desc_act: bool | None = None,
     group_size: int | None = None,
     k_full: bool = True,
+    shard_layout: str = "padded",
     dtype: object = np.float16,
     keep_reference: bool = True,
     fn: str = "prepare_gptq",
@@ -214,25 +224,40 @@ def prepare_gptq(
     scale rows (1 row: channelwise).
 
     ``k_full=False``: the rows are a K shard (a tensor-parallel row shard) of
-    an act-order layer: ``qweight`` holds the shard's rows (any multiple of
-    32/bits), ``g_idx`` their groups, ``scales`` / ``qzeros`` every group of the
-    whole layer, and ``group_size`` must be given. A shard holds each group
-    only in part, so its rows, sorted by group, are padded with zero-valued
-    rows (codes equal to the zero point) to whole sub-groups of 128, 64 or 32
-    rows (whichever pads least) and K to a multiple of 128: ``k`` is then the
-    padded row count, ``in_features`` the shard's, and ``perm`` maps padded
-    rows to column 0 of x (they add nothing)."""
+    an act-order layer, vLLM's ``is_k_full=False``: ``qweight`` holds the
+    shard's rows (any multiple of 32/bits), ``g_idx`` their groups, ``scales``
+    / ``qzeros`` every group of the whole layer, and ``group_size`` must be
+    given. A shard holds each group only in part; its rows are sorted by
+    group and laid out by ``shard_layout``:
+
+    * ``"padded"`` (default; the faster on the H200 wherever it was measured
+      but TP >= 4 at m = 1): each group's rows are padded with zero-valued rows
+      (codes equal to the zero point) to whole sub-groups of 128, 64 or 32 rows
+      (whichever pads least), so the kernels read one scale row per sub-group
+      (``K_FULL`` set, every tile);
+    * ``"row_groups"``: vLLM's layout -- the scales stay whole and the kernel
+      reads each row's group from the sorted ``g_idx`` (``K_FULL`` clear, the
+      dequantising 128 x 128 tile; ``n`` a multiple of 128); no rows but the
+      K padding below.
+
+    Either way K is padded to a multiple of 128 with zero-valued rows that
+    ``perm`` maps to column 0 of x: ``k`` is the padded row count,
+    ``in_features`` the shard's."""
     bits = check_bits(fn, bits)
     _check_bool(fn, "sym", sym)
     _check_bool(fn, "desc_act", desc_act, optional=True)
     _check_bool(fn, "k_full", k_full)
+    if shard_layout not in SHARD_LAYOUTS:
+        raise ArgumentError(f"{fn}: shard_layout={shard_layout!r} must be one of {', '.join(map(repr, SHARD_LAYOUTS))}")
     dtype = check_activation_dtype(fn, dtype)
     qweight = _check_packed_words(fn, "qweight", qweight)
     k, n = qweight.shape[0] * 32 // bits, qweight.shape[1]
+    n_multiple = SHARD_ROW_GROUPS_N_MULTIPLE if shard_layout == "row_groups" else GEMM_N_MULTIPLE
     if k_full:
         _gemm_shape(fn, k, n, f"k = qweight.shape[0]*{32 // bits}", "n = qweight.shape[1]")
-    elif n % GEMM_N_MULTIPLE:
-        raise ArgumentError(f"{fn}: n = qweight.shape[1]={n} must be a multiple of {GEMM_N_MULTIPLE} for the general GEMM")
+    elif n % n_multiple:
+        raise ArgumentError(f"{fn}: n = qweight.shape[1]={n} must be a multiple of {n_multiple} for a K shard "
+                            f"in the {shard_layout!r} layout")
     values = check_scale_values(fn, "scales", scales)
     check_ndim(fn, "scales", values, 2)
     if values.shape[1] != n:
@@ -275,7 +300,7 @@ def prepare_gptq(
     if not k_full:
         shard_zeros = zeros if qzeros is not None else np.full((groups, n), 1 << (bits - 1))
         return _prepare_gptq_shard(fn, qweight, scales, values, shard_zeros, qzeros, g_idx, bits, bool(sym),
-                                   b_type, group_size, dtype, keep_reference)
+                                   b_type, group_size, dtype, keep_reference, shard_layout)
     perm = _act_order(fn, g_idx, desc_act, k, groups, group_size)
     codes = qweight if perm is None else permute_gptq_qweight_rows(qweight, perm, bits)
     packed = repack_gptq_to_marlin_bits(codes, k, n, bits)
@@ -290,6 +315,50 @@ def prepare_gptq(
         g_idx=None if perm is None else np.ascontiguousarray(g_idx[perm], dtype=np.int32),
         perm=None if perm is None else perm.astype(np.int32),
         reference=reference,
+    )
+
+
+def _prepare_gptq_shard(fn: str, qweight: np.ndarray, scales: np.ndarray, values: np.ndarray, zeros: np.ndarray,
+                        qzeros: np.ndarray | None, g_idx: object, bits: int, sym: bool, b_type: WeightType,
+                        group_size: int, dtype: np.dtype, keep_reference: bool, layout: str) -> PreparedLinear:
+    """prepare_gptq's K-shard path (``k_full=False``, see there): ``values``
+    the checked scales, ``zeros`` the zero point of every group and column."""
+    rows = qweight.shape[0] * 32 // bits
+    group_of_row = _check_g_idx(fn, g_idx, rows, values.shape[0], group_size, k_full=False)
+    order = np.argsort(group_of_row, kind="stable")
+    reference = None
+    if keep_reference:
+        reference = partial(gptq_reference_dequant, qweight, scales, qzeros, g_idx, bits, sym, group_size, False)
+    if layout == "padded":
+        return _prepare_gptq_shard_padded(fn, qweight, values, zeros, group_of_row, order, bits, b_type, dtype,
+                                          reference)
+    return _prepare_gptq_shard_row_groups(fn, qweight, values, zeros, group_of_row, order, bits, b_type,
+                                          group_size, dtype, reference)
+
+
+def _prepare_gptq_shard_row_groups(fn: str, qweight: np.ndarray, values: np.ndarray, zeros: np.ndarray,
+                                   group_of_row: np.ndarray, order: np.ndarray, bits: int, b_type: WeightType,
+                                   group_size: int, dtype: np.dtype,
+                                   reference: Callable[[], np.ndarray] | None) -> PreparedLinear:
+    """The row-group K-shard layout (``shard_layout="row_groups"``): K_FULL clear."""
+    rows, n = qweight.shape[0] * 32 // bits, qweight.shape[1]
+    sorted_groups = group_of_row[order]
+    # K up to the tile depth: zero-valued rows (codes equal to the zero point)
+    # of the last group, gathering column 0 of x (they add nothing).
+    k = rows + (-rows) % GEMM_K_MULTIPLE
+    tail = np.full(k - rows, sorted_groups[-1], dtype=np.intp)
+    codes = np.concatenate((gptq_unpack(qweight, bits)[order], zeros[tail]))
+    packed = repack_gptq_to_marlin_bits(gptq_pack(codes, bits), k, n, bits)
+    return PreparedLinear(
+        b=packed,
+        scales=_marlin_scales(fn, values, group_size, dtype),
+        k=k, n=n, group_size=group_size, b_type=b_type, dtype=dtype,
+        zero_points=marlin_pack_zero_points(zeros, 4) if b_type is WeightType.U4 else None,
+        g_idx=np.concatenate((sorted_groups, tail)).astype(np.int32),
+        perm=np.concatenate((order, np.zeros(k - rows, dtype=np.intp))).astype(np.int32),
+        reference=reference,
+        in_features=rows,
+        k_full=False,
     )
 
 
@@ -315,16 +384,12 @@ def _shard_rows(counts: np.ndarray, order: np.ndarray, groups_sorted: np.ndarray
     return source, group_of_sub, sub
 
 
-def _prepare_gptq_shard(fn: str, qweight: np.ndarray, scales: np.ndarray, values: np.ndarray, zeros: np.ndarray,
-                        qzeros: np.ndarray | None, g_idx: object, bits: int, sym: bool, b_type: WeightType,
-                        group_size: int, dtype: np.dtype, keep_reference: bool) -> PreparedLinear:
-    """prepare_gptq's K-shard path (``k_full=False``, see there): ``values``
-    the checked scales, ``zeros`` the zero point of every group and column."""
+def _prepare_gptq_shard_padded(fn: str, qweight: np.ndarray, values: np.ndarray, zeros: np.ndarray,
+                               group_of_row: np.ndarray, order: np.ndarray, bits: int, b_type: WeightType,
+                               dtype: np.dtype, reference: Callable[[], np.ndarray] | None) -> PreparedLinear:
+    """The padded K-shard layout (``shard_layout="padded"``): K_FULL set."""
     k, n = qweight.shape[0] * 32 // bits, qweight.shape[1]
-    groups = values.shape[0]
-    group_of_row = _check_g_idx(fn, g_idx, k, groups, group_size, k_full=False)
-    order = np.argsort(group_of_row, kind="stable")
-    counts = np.bincount(group_of_row, minlength=groups)
+    counts = np.bincount(group_of_row, minlength=values.shape[0])
     source, group_of_sub, sub = _shard_rows(counts, order, group_of_row[order])
     total = source.size
     live = source >= 0
@@ -333,9 +398,6 @@ def _prepare_gptq_shard(fn: str, qweight: np.ndarray, scales: np.ndarray, values
     rows[live] = codes[source[live]]
     rows[~live] = zeros[group_of_sub[np.flatnonzero(~live) // sub]]  # zero-valued: the zero point
     packed = repack_gptq_to_marlin_bits(gptq_pack(rows, bits), total, n, bits)
-    reference = None
-    if keep_reference:
-        reference = partial(gptq_reference_dequant, qweight, scales, qzeros, g_idx, bits, sym, group_size, False)
     return PreparedLinear(
         b=packed,
         scales=_marlin_scales(fn, values[group_of_sub], sub, dtype),

@@ -119,13 +119,17 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *   b           Marlin-packed int32 [k/16, 2n] (4-bit) or [k/16, 4n] (8-bit)
  *   c           [m, n] row-major, a_type
  *   b_scales    [num_groups, n] a_type in the Marlin scale order (grouped or
- *               channelwise permutation); FE4M3FN scales are multiplied by 256
+ *               channelwise permutation); FE4M3FN scales are multiplied by 256;
+ *               with K_FULL clear: every group of the whole layer
  *   zero_points U4 only: int32 [num_groups, n/8], Marlin zero-point order
  *   g_idx       act-order only: int32 [k], the group of each row of the permuted
- *               weight (the sorted g_idx); it must equal i / group_size for row i
- *               (what GPTQ desc_act gives an unsharded layer): the kernel takes
- *               each row's group from its index, and only checks g_idx's presence
- *               and alignment (ferrum_ffi checks the values when it builds a weight)
+ *               weight (the sorted g_idx). With K_FULL set it must equal
+ *               i / group_size for row i (what GPTQ desc_act gives an unsharded
+ *               layer): the kernel takes each row's group from its index. With
+ *               K_FULL clear the kernel reads it: values in [0, num_groups),
+ *               non-decreasing (a value outside is clamped into that range, so
+ *               it cannot read past b_scales / zero_points; ferrum_ffi checks
+ *               the values when it builds a weight)
  *   perm        act-order only: int32 [k], a_tmp[:, i] = a[:, perm[i]]
  *   a_tmp       act-order only: [m, k] a_type scratch (contiguous)
  *   c_tmp       FP32_REDUCE only: fp32 scratch of at least
@@ -142,16 +146,21 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *   padded by the caller: zero-valued weight columns / rows, i.e. codes equal to
  *   the zero point, with zero columns of a for padded rows; README "Shapes");
  *   group_size -1 (channelwise, num_groups == 1) or 32, 64, 128 dividing k with
- *   num_groups == k / group_size; FE4M3FN takes -1 or 128 only.
+ *   num_groups == k / group_size; FE4M3FN takes -1 or 128 only. K_FULL clear:
+ *   group_size 32, 64 or 128 (the layer's), num_groups >= 1 (the layer's group
+ *   count; k need not be a multiple of group_size), n % 128 == 0.
  * Flags:
  *   ACT_ORDER        gather A by perm into a_tmp first (needs g_idx, perm, a_tmp,
  *                    an integer weight type and group_size > 0); forbidden otherwise
- *   K_FULL           the layer is not sharded along K; must be set (K_FULL clear
- *                    is rejected: a K-sharded act-order layer runs with K_FULL set
- *                    once each group's rows are padded with zero-valued rows to
- *                    whole groups of group_size, k the padded count, perm mapping
- *                    padded rows to any column of a: ferrum_ffi's
- *                    from_gptq(k_full=False))
+ *   K_FULL           the layer is not sharded along K. Clear (vLLM's
+ *                    is_k_full=false; needs ACT_ORDER): a K shard of an act-order
+ *                    layer, whose rows hold each group only in part: every row
+ *                    takes its own group's scales (and zero points) from g_idx.
+ *                    Runs the 8-warp kernel's 128 x 128 tile, dequantising
+ *                    (slabs of 8, 32 or 64 rows); a shard whose row count is not
+ *                    a multiple of 128 is padded by the caller with zero-valued
+ *                    rows (codes equal to the zero point) of any group, perm
+ *                    mapping them to any column of a
  *   HAS_ZERO_POINTS  set exactly when b_type is U4 (zero_points then non-NULL)
  *   ATOMIC_ADD       partial sums of a column shared by several blocks are added
  *                    into C with atomics (the default when neither mode is set)
@@ -159,7 +168,7 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *                    fixed order: deterministic results; excludes ATOMIC_ADD
  * Execution: device >= 0; sms -1 (all) or >= 1 (clamped to the device);
  *   thread_k/thread_n -1/-1 (automatic) or a tile override: (128,128), (64,256),
- *   (128,64), or (128,256) when m <= 16. Automatic on Hopper (sm_90a build) with
+ *   (128,64), or (128,256) when m <= 16; K_FULL clear: -1/-1 or (128,128). Automatic on Hopper (sm_90a build) with
  *   n % 256 == 0 and k % 64 == 0, for m > 16 and for m = 9..16 with groups of 64
  *   or 128, FP8, bf16 INT8 or INT8 groups of 32:
  *   a warp-specialised warpgroup-MMA kernel (256 x 64 tiles; 128 x 64 tiles of

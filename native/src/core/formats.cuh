@@ -40,6 +40,14 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t word, uint32_t exponent
 // Four equal registers, or {x, y, x, y} as a 16x16 fragment.
 __device__ __forceinline__ Frag16x16 splat(uint32_t x) { return Frag16x16{{x, x, x, x}}; }
 
+// Per-register pairs for rows of different groups: p0, p1, p8, p9 are the
+// pairs {v(c), v(c+8)} (scales, or E + zero point) of the groups of rows k,
+// k+1, k+8 and k+9; register i gets its column's values of its two rows.
+__device__ __forceinline__ Frag16x16 row_pairs(uint32_t p0, uint32_t p1, uint32_t p8, uint32_t p9) {
+  return Frag16x16{{__byte_perm(p0, p1, 0x5410), __byte_perm(p0, p1, 0x7632), __byte_perm(p8, p9, 0x5410),
+                    __byte_perm(p8, p9, 0x7632)}};
+}
+
 template <AType A, WType W>
 struct Format {
   using N = Num<A>;
@@ -147,8 +155,20 @@ struct Format {
     sp[3] = __byte_perm(y, 0u, 0x4342) << 7;
   }
 
-  // Exact unscaled weight values (q - zero; FP8: value / 256; E2M1: value).
+  // Exact unscaled weight values (q - zero; FP8: value / 256; E2M1: value),
+  // U4 with one zero-point pair {E + z(c), E + z(c+8)} for all four rows.
   __device__ static Frag16x16 dequant(const uint32_t* w, uint32_t zero) {
+    if constexpr (zero_points) {
+      const uint32_t lo = pair_low(zero), hi = pair_high(zero);
+      return dequant(w, Frag16x16{{lo, hi, lo, hi}});
+    } else {
+      return dequant(w, Frag16x16{});
+    }
+  }
+
+  // The same with each register's own offset pair (U4: E + z of its rows;
+  // rows of different groups, see row_pairs).
+  __device__ static Frag16x16 dequant(const uint32_t* w, const Frag16x16& zero) {
     Frag16x16 f, f_hi;
     images(w, f, f_hi);
     if constexpr (W == WType::U4B8 && !bf16) {
@@ -161,11 +181,8 @@ struct Format {
 #pragma unroll
       for (int i = 0; i < 4; ++i) f.r[i] = N::sub(f.r[i], 0x43084308u);  // 128 + q - 136
     } else if constexpr (W == WType::U4) {
-      const uint32_t lo = pair_low(zero), hi = pair_high(zero);
-      f.r[0] = N::sub(f.r[0], lo);
-      f.r[2] = N::sub(f.r[2], lo);
-      f.r[1] = N::sub(f.r[1], hi);
-      f.r[3] = N::sub(f.r[3], hi);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f.r[i] = N::sub(f.r[i], zero.r[i]);
     } else if constexpr (W == WType::U8B128 && !bf16) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) f.r[i] = N::sub(f.r[i], 0x64806480u);  // 1024 + q - 1152
@@ -180,10 +197,13 @@ struct Format {
   // Multiplies a fragment by {scale(c), scale(c+8)}.
   __device__ static void scale(Frag16x16& f, uint32_t pair) {
     const uint32_t s_c = pair_low(pair), s_c8 = pair_high(pair);
-    f.r[0] = N::mul(f.r[0], s_c);
-    f.r[2] = N::mul(f.r[2], s_c);
-    f.r[1] = N::mul(f.r[1], s_c8);
-    f.r[3] = N::mul(f.r[3], s_c8);
+    scale(f, Frag16x16{{s_c, s_c8, s_c, s_c8}});
+  }
+
+  // Multiplies each register by its own scale pair.
+  __device__ static void scale(Frag16x16& f, const Frag16x16& s) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f.r[i] = N::mul(f.r[i], s.r[i]);
   }
 
  private:

@@ -35,10 +35,22 @@
 
 namespace ferrum::dense {
 
-// PerRowGroups: groups shorter than the k tile, so the image path applies
-// scales after every k step (a separate instance: the branch inside the hot
-// loop cost 8 % at m = 16).
-template <class T, class F, bool PerRowGroups, Route R>
+// Where a weight row's group scales (and zero points) come from.
+enum class Groups {
+  // Group rows copied with each stage; the image path applies them once per
+  // stage (groups of at least the k tile).
+  Staged,
+  // The same for groups shorter than the k tile: the image path applies
+  // scales after every group's k steps (a separate instance: the branch inside
+  // the hot loop cost 8 % at m = 16).
+  StagedShort,
+  // K-sharded act-order (K_FULL clear): each row's group comes from the
+  // sorted g_idx, so a tile may span any number of groups; the dequantising
+  // path reads the scales of each fragment row from global memory (L1).
+  Rows,
+};
+
+template <class T, class F, Groups G, Route R>
 __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Args p) {
   static_assert(T::b_words == F::words, "tile built for another weight width");
   using N = typename F::N;
@@ -96,6 +108,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     return slab >= slabs;
   };
   const bool grouped = p.group_shift >= 0;
+  constexpr bool kRowGroups = G == Groups::Rows;
+  static_assert(!kRowGroups || (R == Route::Dense && !T::wgmma), "row groups: dense 8-warp tiles only");
   const int a_row_int4 = p.a_row_int4;
   const int4* const gA = static_cast<const int4*>(p.a);
   const int4* const gB = static_cast<const int4*>(p.b);
@@ -145,10 +159,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     f_slab = col / n_tiles;
     f_c = col - f_slab * n_tiles;
   }
-  const int s_copies = grouped ? s_rows * (T::n_chunks * kSChunkInt4) : 0;
+  const int s_copies = grouped && !kRowGroups ? s_rows * (T::n_chunks * kSChunkInt4) : 0;
   // Zero points follow the scales' group rows (one row when channelwise).
   const int z_shift = grouped ? p.group_shift : 30;
-  const int z_copies = F::zero_points ? s_rows * (T::n_chunks * 2) : 0;
+  const int z_copies = F::zero_points && !kRowGroups ? s_rows * (T::n_chunks * 2) : 0;
   const size_t b_step = static_cast<size_t>(T::k_rows) * p.b_row_int4;
   const int4* pb[kBCopies];
   const int4* pa[kACopies];
@@ -419,11 +433,48 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     }
   };
 
+  // K-sharded act-order: rows k, k+1, k+8, k+9 of the lane's fragments each
+  // take their own group's scale (and zero-point) pairs, read through L1 from
+  // the global arrays. Group ids are clamped to the scales' rows, so a bad
+  // g_idx cannot read outside them.
+  auto row_group_fragments = [&](const int4* sb, int kt, int col, int row, Frag16x16 (&f)[4]) {
+    uint32_t w[4 * F::words];
+    weight_words(sb, row, w);
+    const int k0 = kt * T::k_tile + 16 * row + 2 * (lane & 3);
+    const int4* const s_col = gS + col * (T::n_chunks * kSChunkInt4) + warp_n * kSChunkInt4 + (lane >> 2);
+    const uint32_t* const z_col =
+        reinterpret_cast<const uint32_t*>(gZ + col * (T::n_tile / 32) + warp_n * 2) + (lane >> 2);
+    constexpr int kRowOffsets[4] = {0, 1, 8, 9};
+    uint32_t sw[4][4];  // [row j][tile t]: {scale(c), scale(c + 8)} of row j's group
+    [[maybe_unused]] uint32_t zw[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned g = min(static_cast<unsigned>(__ldg(p.row_groups + k0 + kRowOffsets[j])),
+                             static_cast<unsigned>(p.num_groups - 1));
+      const int4 sc = __ldg(s_col + static_cast<size_t>(g) * s_row_int4);
+      sw[j][0] = sc.x;
+      sw[j][1] = sc.y;
+      sw[j][2] = sc.z;
+      sw[j][3] = sc.w;
+      if constexpr (F::zero_points) zw[j] = __ldg(z_col + static_cast<size_t>(g) * (4 * p.z_row_int4));
+    }
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      Frag16x16 zero{};
+      if constexpr (F::zero_points)
+        zero = row_pairs(F::zero_pair(zw[0], t), F::zero_pair(zw[1], t), F::zero_pair(zw[2], t),
+                         F::zero_pair(zw[3], t));
+      f[t] = F::dequant(w + t * F::words, zero);
+      F::scale(f[t], row_pairs(sw[0][t], sw[1][t], sw[2][t], sw[3][t]));
+    }
+  };
+
   // Short slabs multiply raw code images (see core/formats.cuh) and apply
   // scales to fp32 partials, once per group; taller slabs are tensor-core
-  // bound and multiply exact, scaled fragments once.
-  constexpr bool kImages = T::m8 <= 2 && !T::wgmma;
-  auto compute_stage = [&](int slot) {
+  // bound and multiply exact, scaled fragments once, as do row groups.
+  constexpr bool kImages = T::m8 <= 2 && !T::wgmma && !kRowGroups;
+  // kt, col: the k tile and column tile of the stage (row groups only).
+  auto compute_stage = [&](int slot, [[maybe_unused]] int kt, [[maybe_unused]] int col) {
     const int4* const sb = sh_b + slot * T::b_stage;
     const int4* const sa = sh_a + slot * T::a_stage;
     const int4* const ss = sh_s + slot * T::s_stage;
@@ -454,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         // Groups shorter than the tile: each warp takes consecutive k steps, so
         // a group's steps share one window and its scales are applied once per
         // group (per warp share of it), not once per step.
-        constexpr bool kPerRow = PerRowGroups;
+        constexpr bool kPerRow = G == Groups::StagedShort;
         const int group_mask = kPerRow ? (1 << (p.group_shift - 4)) - 1 : 0;  // k steps per group - 1
         const int row0 = kPerRow ? warp_k * T::rows_per_warp : warp_k;
         const int row_stride = kPerRow ? 1 : T::warps_k;
@@ -539,7 +590,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       for (int rr = 0; rr < T::rows_per_warp; ++rr) {
         const int row = warp_k + rr * T::warps_k;
         Frag16x16 f[4];
-        scaled_fragments(sb, ss, sz, row, f);
+        if constexpr (kRowGroups)
+          row_group_fragments(sb, kt, col, row, f);
+        else
+          scaled_fragments(sb, ss, sz, row, f);
         uint32_t bf[T::m8][2];
         load_activations(sa, a_base, 2 * rr * T::warps_k, bf);
 #pragma unroll
@@ -605,6 +659,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   zero_acc();
   int c_kt = u_begin % k_tiles;  // k tile of the unit being computed
   bool c_dead = false;           // its slab is skipped (routed launches)
+  [[maybe_unused]] int c_col = 0;  // its column tile (row groups only)
   int slot = 0;
   int fetch_slot = T::stages - 1;
 #pragma unroll 1
@@ -623,7 +678,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         c_dead = R == Route::Sorted ? slab >= slabs || expert_of(slab) < 0 : slab_dead(slab);
       }
     }
-    if (!c_dead) compute_stage(slot);
+    if constexpr (kRowGroups) {
+      if (c_kt == 0 || i == 0) c_col = (u_begin + i) / k_tiles % n_tiles;
+    }
+    if (!c_dead) compute_stage(slot, c_kt, c_col);
     slot = slot == T::stages - 1 ? 0 : slot + 1;
     if (c_kt == k_tiles - 1 || i == count - 1) finish_column(u_begin + i, c_dead);
     c_kt = c_kt == k_tiles - 1 ? 0 : c_kt + 1;
@@ -631,10 +689,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   ptx::cp_async_wait<0>();
 }
 
-template <class T, class F, bool PerRowGroups, Route R>
+template <class T, class F, Groups G, Route R>
 cudaError_t launch_kernel(Args& args, const Launch& launch, int* stage) {
   static_assert(T::min_blocks <= kMaxBlocksPerSm, "lock and c_tmp budgets assume two blocks per SM");
-  return launch_resident<gemm_kernel<T, F, PerRowGroups, R>, R>(kThreads, T::smem_bytes, T::min_blocks, T::n_tile,
+  return launch_resident<gemm_kernel<T, F, G, R>, R>(kThreads, T::smem_bytes, T::min_blocks, T::n_tile,
                                                                 T::k_tile, args, launch, stage);
 }
 
@@ -643,11 +701,21 @@ cudaError_t launch_tile(Args& args, const Launch& launch, int* stage) {
   constexpr bool kImages = T::m8 <= 2 && !T::wgmma;
   if constexpr (kImages) {
     if (args.group_shift >= 0 && (1 << args.group_shift) < T::k_tile)
-      return launch_kernel<T, F, true, R>(args, launch, stage);
+      return launch_kernel<T, F, Groups::StagedShort, R>(args, launch, stage);
     // MXFP4's groups of 32 are always shorter than a tile.
     if constexpr (F::e8m0_scales) return cudaErrorInvalidValue;
   }
-  return launch_kernel<T, F, false, R>(args, launch, stage);
+  return launch_kernel<T, F, Groups::Staged, R>(args, launch, stage);
+}
+
+// K-sharded act-order layers (Args::row_groups set): the 128 x 128 tile,
+// integer weights, slabs of 8, 32 or 64 rows (the host maps 9..16 rows to 32).
+template <class T, class F>
+cudaError_t launch_row_groups(Args& args, const Launch& launch, int* stage) {
+  // Integer weights only: act-order is not defined for FP8.
+  if constexpr (T::m8 != 2 && (F::const_correction || F::zero_points))
+    return launch_kernel<T, F, Groups::Rows, Route::Dense>(args, launch, stage);
+  return cudaErrorInvalidValue;
 }
 
 // The launcher of every tile built for one format and slabs of 8*M8 rows;
@@ -658,6 +726,8 @@ cudaError_t launch_slab(NConfig nc, Args& args, const Launch& launch, int* stage
   constexpr int kBits = F::bits;
   switch (nc) {
     case NConfig::N128_K128:
+      if (args.row_groups != nullptr)
+        return launch_row_groups<Tile<M8, NConfig::N128_K128, kBits>, F>(args, launch, stage);
       return launch_tile<Tile<M8, NConfig::N128_K128, kBits>, F>(args, launch, stage);
     case NConfig::N256_K64:
       return launch_tile<Tile<M8, NConfig::N256_K64, kBits>, F>(args, launch, stage);

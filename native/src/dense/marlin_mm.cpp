@@ -57,11 +57,24 @@ int check_problem(const FerrumMarlinLaunch& l) {
     return bad_shape(fp8 ? "%s: group_size=%d must be -1 or 128 for FE4M3FN weights"
                          : "%s: group_size=%d must be -1, 32, 64 or 128",
                      g);
-  if (g > 0 && l.k % g != 0) return bad_shape("%s: k=%d must be divisible by group_size=%d", l.k, g);
-  const int groups = g == -1 ? 1 : l.k / g;
-  if (l.num_groups != groups)
-    return bad_shape("%s: num_groups=%d must be %d (k / group_size, or 1 when channelwise)", l.num_groups,
-                     groups);
+  // K_FULL clear: a shard of an act-order layer's rows; its scales keep all
+  // of the layer's groups and each row names its own (g_idx).
+  const bool k_sharded = !(l.flags & FERRUM_MM_FLAG_K_FULL);
+  if (k_sharded) {
+    if (!(l.flags & FERRUM_MM_FLAG_ACT_ORDER))
+      return invalid("%s: FERRUM_MM_FLAG_K_FULL may be clear only with FERRUM_MM_FLAG_ACT_ORDER (flags=0x%x)",
+                     l.flags);
+    if (l.num_groups < 1)
+      return bad_shape("%s: num_groups=%d must be >= 1 (the groups of the whole layer)", l.num_groups);
+    if (l.n % 128 != 0)
+      return bad_shape("%s: n=%d must be divisible by 128 with FERRUM_MM_FLAG_K_FULL clear", l.n);
+  } else {
+    if (g > 0 && l.k % g != 0) return bad_shape("%s: k=%d must be divisible by group_size=%d", l.k, g);
+    const int groups = g == -1 ? 1 : l.k / g;
+    if (l.num_groups != groups)
+      return bad_shape("%s: num_groups=%d must be %d (k / group_size, or 1 when channelwise)", l.num_groups,
+                       groups);
+  }
 
   const bool zp_type = l.b_type == FERRUM_WEIGHT_U4;
   const bool zp_flag = (l.flags & FERRUM_MM_FLAG_HAS_ZERO_POINTS) != 0;
@@ -83,10 +96,6 @@ int check_problem(const FerrumMarlinLaunch& l) {
     return invalid("%s: g_idx, perm and a_tmp must be null without FERRUM_MM_FLAG_ACT_ORDER (flags=0x%x)",
                    l.flags);
   }
-  if (!(l.flags & FERRUM_MM_FLAG_K_FULL))
-    return invalid("%s: a K-sharded act-order layer (FERRUM_MM_FLAG_K_FULL clear) is not supported "
-                   "(flags=0x%x)",
-                   l.flags);
   const bool fp32_reduce = (l.flags & FERRUM_MM_FLAG_FP32_REDUCE) != 0;
   if (fp32_reduce && (l.flags & FERRUM_MM_FLAG_ATOMIC_ADD))
     return invalid("%s: FERRUM_MM_FLAG_ATOMIC_ADD and FERRUM_MM_FLAG_FP32_REDUCE exclude each other "
@@ -107,6 +116,10 @@ int check_problem(const FerrumMarlinLaunch& l) {
                        l.thread_k, l.thread_n);
     if (nc == NConfig::N256_K128 && l.m > 16)
       return bad_shape("%s: tile (thread_k=128, thread_n=256) serves m <= 16, got m=%d", l.m);
+    if (k_sharded && nc != NConfig::N128_K128)
+      return bad_shape("%s: FERRUM_MM_FLAG_K_FULL clear runs the (thread_k=128, thread_n=128) tile, got "
+                       "(%d, %d)",
+                       l.thread_k, l.thread_n);
   }
   return 0;
 }
@@ -154,6 +167,10 @@ int check_capacities(const FerrumMarlinLaunch& l, int sms) {
   return 0;
 }
 
+// Slab height (in 8-row units) of a K-sharded act-order launch: its kernels
+// are built for slabs of 8, 32 and 64 rows.
+int row_groups_m8(int m) { return m <= 8 ? 1 : (m <= 32 ? 4 : 8); }
+
 }  // namespace
 
 int mm(const FerrumMarlinLaunch* launch) {
@@ -176,7 +193,8 @@ int mm(const FerrumMarlinLaunch* launch) {
   const AType a_type = static_cast<AType>(l.a_type);
   const WType w_type = static_cast<WType>(l.b_type);
   const int bits = weight_bits(w_type);
-  const int m8 = slab_m8(l.m);
+  const bool k_sharded = !(l.flags & FERRUM_MM_FLAG_K_FULL);
+  const int m8 = k_sharded ? row_groups_m8(l.m) : slab_m8(l.m);
   const bool forced = !(l.thread_k == -1 && l.thread_n == -1);
   NConfig nc = NConfig::N128_K128;
   if (forced) {
@@ -186,7 +204,8 @@ int mm(const FerrumMarlinLaunch* launch) {
   DeviceFacts facts{};
   if (int st = query_device(kEntry, l.device, l.sms, &facts)) return st;
   if (int st = check_capacities(l, facts.sms)) return st;
-  if (!forced) nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
+  if (k_sharded) nc = NConfig::N128_K128;
+  else if (!forced) nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
   else if (nc == NConfig::N256_K64 && m8 == 8 && facts.hopper) nc = NConfig::N256_K64_WGMMA;
   const TileInfo tile = tile_info(m8, nc, bits);
   if (int st = check_tile_fits(kEntry, tile, l.n, l.k)) return st;
@@ -226,6 +245,10 @@ int mm(const FerrumMarlinLaunch* launch) {
   args.s_row_halves = l.n;
   args.z_row_int4 = l.n / 32;
   args.group_shift = l.group_size == -1 ? -1 : (l.group_size == 32 ? 5 : l.group_size == 64 ? 6 : 7);
+  if (k_sharded) {
+    args.row_groups = l.g_idx;
+    args.num_groups = l.num_groups;
+  }
   args.slabs = static_cast<int>(slabs);
   args.lock_by_range = true;
   args.fp32_reduce = (l.flags & FERRUM_MM_FLAG_FP32_REDUCE) != 0;
