@@ -157,7 +157,7 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *                    layer, whose rows hold each group only in part: every row
  *                    takes its own group's scales (and zero points) from g_idx.
  *                    Runs the 8-warp kernel's 128 x 128 tile, dequantising
- *                    (slabs of 8, 32 or 64 rows); a shard whose row count is not
+ *                    (slabs of 8, 16 or 64 rows); a shard whose row count is not
  *                    a multiple of 128 is padded by the caller with zero-valued
  *                    rows (codes equal to the zero point) of any group, perm
  *                    mapping them to any column of a

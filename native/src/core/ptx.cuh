@@ -25,6 +25,11 @@ __device__ __forceinline__ void cp_async16_or_zero(void* dst, const void* src, b
                "r"(src_bytes));
 }
 
+// 4-byte copy through L1 (small arrays read by many blocks: g_idx).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int Pending>

@@ -16,8 +16,12 @@ namespace ferrum {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+// K-sharded act-order (row groups): scale rows staged per stage from the
+// stage's first group on; rows of later groups are read from global memory.
+constexpr int kRowGroupWindow = 16;
 
-template <int M8, int NChunks, int KRows, int Stages, int MinBlocks, int Bits, bool Wgmma = false>
+template <int M8, int NChunks, int KRows, int Stages, int MinBlocks, int Bits, bool Wgmma = false,
+          bool RowGroups = false>
 struct TileShape {
   static constexpr int m8 = M8;                 // 8-row activation tiles per slab
   static constexpr int m_rows = 8 * M8;         // activation rows per slab
@@ -44,15 +48,18 @@ struct TileShape {
   // Shared memory, in 16-byte units per stage.
   static constexpr int b_stage = KRows * NChunks * 32 * b_words;  // packed weight
   static constexpr int a_stage = m_rows * KRows * 2;    // activations, 128B-swizzled
-  // Group sizes down to 32 put up to k_tile/32 scale rows into one stage.
-  static constexpr int s_rows = (KRows / 2) > 0 ? (KRows / 2) : 1;
+  // Group sizes down to 32 put up to k_tile/32 scale rows into one stage;
+  // row groups a window of them.
+  static constexpr int s_rows = RowGroups ? kRowGroupWindow : ((KRows / 2) > 0 ? (KRows / 2) : 1);
   static constexpr int s_stage = s_rows * NChunks * 8;
   // 4-bit zero points: 64 columns = 32 bytes per chunk and group row.
   static constexpr int z_stage = s_rows * NChunks * 2;
+  // Row groups: the stage's rows of the sorted g_idx (int32).
+  static constexpr int g_stage = RowGroups ? KRows * 4 : 0;
   // fp32 reduction tile; the +4 float pad keeps fragment stores conflict-free.
   static constexpr int red_stride = n_tile + 4;
   static constexpr size_t smem_bytes =
-      16 * static_cast<size_t>(Stages) * (b_stage + a_stage + s_stage + z_stage) +
+      16 * static_cast<size_t>(Stages) * (b_stage + a_stage + s_stage + z_stage + g_stage) +
       4 * static_cast<size_t>(m_rows) * red_stride + 16;  // + one flag word
 };
 

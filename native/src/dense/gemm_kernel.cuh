@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   int4* const sh_a = sh_b + T::stages * T::b_stage;
   int4* const sh_s = sh_a + T::stages * T::a_stage;
   int4* const sh_z = sh_s + T::stages * T::s_stage;
-  float* const sh_red = reinterpret_cast<float*>(sh_z + T::stages * T::z_stage);
+  int4* const sh_g = sh_z + T::stages * T::z_stage;  // row groups: the stage's g_idx rows
+  float* const sh_red = reinterpret_cast<float*>(sh_g + T::stages * T::g_stage);
   // fp32 reduce: set when this block is the column's last contributor. In the
   // dynamic allocation: a static __shared__ variable would push the
   // 1024-byte-aligned tiles up by a whole alignment unit.
@@ -110,6 +111,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   const bool grouped = p.group_shift >= 0;
   constexpr bool kRowGroups = G == Groups::Rows;
   static_assert(!kRowGroups || (R == Route::Dense && !T::wgmma), "row groups: dense 8-warp tiles only");
+  static_assert(kRowGroups == (T::g_stage > 0), "row groups need a tile that stages g_idx");
   const int a_row_int4 = p.a_row_int4;
   const int4* const gA = static_cast<const int4*>(p.a);
   const int4* const gB = static_cast<const int4*>(p.b);
@@ -272,6 +274,32 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     }
   };
   seek();
+  // Row groups: the first group of the stage the next load_stage copies (its
+  // scale window starts there), loaded one call ahead so that the copy never
+  // waits on it.
+  [[maybe_unused]] int f_group = 0;
+  if constexpr (kRowGroups) f_group = __ldg(p.row_groups + f_kt * T::k_tile);
+  auto load_row_groups = [&](int slot) {
+    if (tid < T::k_tile)
+      ptx::cp_async4(reinterpret_cast<int*>(sh_g + slot * T::g_stage) + tid, p.row_groups + f_kt * T::k_tile + tid);
+    // Window row r is group f_group + r, clamped into the scales' rows.
+    constexpr int kRowInt4 = T::n_chunks * kSChunkInt4;
+    const int r = tid / kRowInt4;
+    if (r < kRowGroupWindow) {
+      const int group = min(max(f_group + r, 0), p.num_groups - 1);
+      ptx::cp_async16(sh_s + slot * T::s_stage + tid,
+                      gS + static_cast<size_t>(group) * s_row_int4 + f_c * kRowInt4 + tid % kRowInt4);
+    }
+    if constexpr (F::zero_points) {
+      constexpr int kZRowInt4 = T::n_chunks * 2;
+      const int zr = tid / kZRowInt4;
+      if (zr < kRowGroupWindow) {
+        const int group = min(max(f_group + zr, 0), p.num_groups - 1);
+        ptx::cp_async16(sh_z + slot * T::z_stage + tid,
+                        gZ + static_cast<size_t>(group) * p.z_row_int4 + f_c * (T::n_tile / 32) + tid % kZRowInt4);
+      }
+    }
+  };
   // A stage at the end of a partial column or k run: only the weight rows,
   // chunks, activation units and group rows inside the problem are read.
   auto load_tail_stage = [&](int slot, int krows, int chunks) {
@@ -320,6 +348,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       }
       if (tid < s_copies) ptx::cp_async16(sh_s + slot * T::s_stage + tid, ps);
       if (tid < z_copies) ptx::cp_async16(sh_z + slot * T::z_stage + tid, pz);
+      if constexpr (kRowGroups) load_row_groups(slot);
     }
     if (++f_kt == k_tiles) {
       f_kt = 0;
@@ -342,6 +371,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         pz += static_cast<size_t>(((f_kt * T::k_tile) >> z_shift) - rows_before) * p.z_row_int4;
       }
     }
+    if constexpr (kRowGroups) f_group = __ldg(p.row_groups + f_kt * T::k_tile);
   };
 
   float acc[4][T::m8][4];
@@ -437,27 +467,54 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // take their own group's scale (and zero-point) pairs, read through L1 from
   // the global arrays. Group ids are clamped to the scales' rows, so a bad
   // g_idx cannot read outside them.
-  auto row_group_fragments = [&](const int4* sb, int kt, int col, int row, Frag16x16 (&f)[4]) {
+  // The scale pairs {scale(c), scale(c + 8)} of tiles 0..3 and the
+  // zero-point word of group g for this lane: from the stage's window, which
+  // holds groups g0 .. g0 + 15 (g0 the stage's first group), else (a stage
+  // spanning more groups) from global memory through the same generic load,
+  // so the warp does not diverge. Group ids are clamped into the scales' rows.
+  auto group_pairs = [&](const int4* ss, const int4* sz, int g0, int g, int col, uint32_t (&sp)[4],
+                         [[maybe_unused]] uint32_t& zw) {
+    const unsigned d = static_cast<unsigned>(g - g0);
+    const bool staged = d < static_cast<unsigned>(kRowGroupWindow);
+    const size_t group = min(static_cast<unsigned>(max(g, 0)), static_cast<unsigned>(p.num_groups - 1));
+    const int4* const s_src =
+        staged ? ss + d * (T::n_chunks * kSChunkInt4) : gS + group * s_row_int4 + col * (T::n_chunks * kSChunkInt4);
+    const int4 sc = s_src[warp_n * kSChunkInt4 + (lane >> 2)];
+    sp[0] = sc.x;
+    sp[1] = sc.y;
+    sp[2] = sc.z;
+    sp[3] = sc.w;
+    if constexpr (F::zero_points) {
+      const int4* const z_src =
+          staged ? sz + d * (T::n_chunks * 2) : gZ + group * p.z_row_int4 + col * (T::n_tile / 32);
+      zw = reinterpret_cast<const uint32_t*>(z_src + warp_n * 2)[lane >> 2];
+    }
+  };
+  // K-sharded act-order: a 16-deep step inside one group (the sorted g_idx
+  // has equal ends; warp-uniform) scales like any group; otherwise rows k,
+  // k+1, k+8, k+9 of the lane's fragments each take their own group's pairs.
+  auto row_group_fragments = [&](const int4* sb, const int4* ss, const int4* sz, const int* sg, int col, int row,
+                                 Frag16x16 (&f)[4]) {
     uint32_t w[4 * F::words];
     weight_words(sb, row, w);
-    const int k0 = kt * T::k_tile + 16 * row + 2 * (lane & 3);
-    const int4* const s_col = gS + col * (T::n_chunks * kSChunkInt4) + warp_n * kSChunkInt4 + (lane >> 2);
-    const uint32_t* const z_col =
-        reinterpret_cast<const uint32_t*>(gZ + col * (T::n_tile / 32) + warp_n * 2) + (lane >> 2);
-    constexpr int kRowOffsets[4] = {0, 1, 8, 9};
-    uint32_t sw[4][4];  // [row j][tile t]: {scale(c), scale(c + 8)} of row j's group
-    [[maybe_unused]] uint32_t zw[4];
+    const int g0 = sg[0];
+    const int first = sg[16 * row];
+    if (first == sg[16 * row + 15]) {
+      uint32_t sp[4], zw = 0;
+      group_pairs(ss, sz, g0, first, col, sp, zw);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const unsigned g = min(static_cast<unsigned>(__ldg(p.row_groups + k0 + kRowOffsets[j])),
-                             static_cast<unsigned>(p.num_groups - 1));
-      const int4 sc = __ldg(s_col + static_cast<size_t>(g) * s_row_int4);
-      sw[j][0] = sc.x;
-      sw[j][1] = sc.y;
-      sw[j][2] = sc.z;
-      sw[j][3] = sc.w;
-      if constexpr (F::zero_points) zw[j] = __ldg(z_col + static_cast<size_t>(g) * (4 * p.z_row_int4));
+      for (int t = 0; t < 4; ++t) {
+        f[t] = F::dequant(w + t * F::words, F::zero_points ? F::zero_pair(zw, t) : 0u);
+        F::scale(f[t], sp[t]);
+      }
+      return;
     }
+    const int* const rows = sg + 16 * row + 2 * (lane & 3);
+    constexpr int kRowOffsets[4] = {0, 1, 8, 9};
+    uint32_t sw[4][4];  // [row j][tile t]: the pairs of row j's group
+    uint32_t zw[4] = {};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) group_pairs(ss, sz, g0, rows[kRowOffsets[j]], col, sw[j], zw[j]);
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       Frag16x16 zero{};
@@ -473,8 +530,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // scales to fp32 partials, once per group; taller slabs are tensor-core
   // bound and multiply exact, scaled fragments once, as do row groups.
   constexpr bool kImages = T::m8 <= 2 && !T::wgmma && !kRowGroups;
-  // kt, col: the k tile and column tile of the stage (row groups only).
-  auto compute_stage = [&](int slot, [[maybe_unused]] int kt, [[maybe_unused]] int col) {
+  // col: the column tile of the stage (row groups only).
+  auto compute_stage = [&](int slot, [[maybe_unused]] int col) {
     const int4* const sb = sh_b + slot * T::b_stage;
     const int4* const sa = sh_a + slot * T::a_stage;
     const int4* const ss = sh_s + slot * T::s_stage;
@@ -591,7 +648,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         const int row = warp_k + rr * T::warps_k;
         Frag16x16 f[4];
         if constexpr (kRowGroups)
-          row_group_fragments(sb, kt, col, row, f);
+          row_group_fragments(sb, ss, sz, reinterpret_cast<const int*>(sh_g + slot * T::g_stage), col, row, f);
         else
           scaled_fragments(sb, ss, sz, row, f);
         uint32_t bf[T::m8][2];
@@ -681,7 +738,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     if constexpr (kRowGroups) {
       if (c_kt == 0 || i == 0) c_col = (u_begin + i) / k_tiles % n_tiles;
     }
-    if (!c_dead) compute_stage(slot, c_kt, c_col);
+    if (!c_dead) compute_stage(slot, c_col);
     slot = slot == T::stages - 1 ? 0 : slot + 1;
     if (c_kt == k_tiles - 1 || i == count - 1) finish_column(u_begin + i, c_dead);
     c_kt = c_kt == k_tiles - 1 ? 0 : c_kt + 1;
@@ -708,12 +765,12 @@ cudaError_t launch_tile(Args& args, const Launch& launch, int* stage) {
   return launch_kernel<T, F, Groups::Staged, R>(args, launch, stage);
 }
 
-// K-sharded act-order layers (Args::row_groups set): the 128 x 128 tile,
-// integer weights, slabs of 8, 32 or 64 rows (the host maps 9..16 rows to 32).
+// K-sharded act-order layers: integer weights (act-order is not defined for
+// FP8), slabs of 8, 16 or 64 rows (32-row slabs would spill under the two
+// blocks per SM; the host maps 17..32 rows to 64).
 template <class T, class F>
 cudaError_t launch_row_groups(Args& args, const Launch& launch, int* stage) {
-  // Integer weights only: act-order is not defined for FP8.
-  if constexpr (T::m8 != 2 && (F::const_correction || F::zero_points))
+  if constexpr (T::m8 != 4 && (F::const_correction || F::zero_points))
     return launch_kernel<T, F, Groups::Rows, Route::Dense>(args, launch, stage);
   return cudaErrorInvalidValue;
 }
@@ -726,9 +783,9 @@ cudaError_t launch_slab(NConfig nc, Args& args, const Launch& launch, int* stage
   constexpr int kBits = F::bits;
   switch (nc) {
     case NConfig::N128_K128:
-      if (args.row_groups != nullptr)
-        return launch_row_groups<Tile<M8, NConfig::N128_K128, kBits>, F>(args, launch, stage);
       return launch_tile<Tile<M8, NConfig::N128_K128, kBits>, F>(args, launch, stage);
+    case NConfig::N128_K128_ROW_GROUPS:
+      return launch_row_groups<Tile<M8, NConfig::N128_K128_ROW_GROUPS, kBits>, F>(args, launch, stage);
     case NConfig::N256_K64:
       return launch_tile<Tile<M8, NConfig::N256_K64, kBits>, F>(args, launch, stage);
     case NConfig::N64_K128:

@@ -52,6 +52,10 @@ struct Tile<M8, NConfig::N256_K128, Bits> : TileShape<M8, 4, 8, Bits == 8 ? 3 : 
 template <int M8, int Bits>
 struct Tile<M8, NConfig::N256_K64_WGMMA, Bits>
     : TileShape<M8, 4, 4, stages_for<M8, Bits, 4, 4>(), 1, Bits, true> {};
+// K-sharded act-order: the 128 x 128 tile with a window of group rows per stage.
+template <int M8, int Bits>
+struct Tile<M8, NConfig::N128_K128_ROW_GROUPS, Bits>
+    : TileShape<M8, 2, 8, stages_for<M8, Bits, 2, 8>(), blocks_per_sm_for<M8>(), Bits, false, true> {};
 
 // Defined by the generated instantiation files (one per activation type,
 // weight type and slab height, so the build runs in parallel).

@@ -55,6 +55,7 @@ TileInfo info_bits(int m8, NConfig nc) {
     case NConfig::N256_K64: return info_m8<NConfig::N256_K64, Bits>(m8);
     case NConfig::N256_K128: return info_m8<NConfig::N256_K128, Bits>(m8);
     case NConfig::N256_K64_WGMMA: return info_m8<NConfig::N256_K64_WGMMA, Bits>(m8);
+    case NConfig::N128_K128_ROW_GROUPS: return info_m8<NConfig::N128_K128_ROW_GROUPS, Bits>(m8);
     case NConfig::N64_K128:
     default: return info_m8<NConfig::N64_K128, Bits>(m8);
   }

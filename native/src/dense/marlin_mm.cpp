@@ -168,8 +168,8 @@ int check_capacities(const FerrumMarlinLaunch& l, int sms) {
 }
 
 // Slab height (in 8-row units) of a K-sharded act-order launch: its kernels
-// are built for slabs of 8, 32 and 64 rows.
-int row_groups_m8(int m) { return m <= 8 ? 1 : (m <= 32 ? 4 : 8); }
+// are built for slabs of 8, 16 and 64 rows.
+int row_groups_m8(int m) { return m <= 8 ? 1 : (m <= 16 ? 2 : 8); }
 
 }  // namespace
 
@@ -204,7 +204,7 @@ int mm(const FerrumMarlinLaunch* launch) {
   DeviceFacts facts{};
   if (int st = query_device(kEntry, l.device, l.sms, &facts)) return st;
   if (int st = check_capacities(l, facts.sms)) return st;
-  if (k_sharded) nc = NConfig::N128_K128;
+  if (k_sharded) nc = NConfig::N128_K128_ROW_GROUPS;
   else if (!forced) nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
   else if (nc == NConfig::N256_K64 && m8 == 8 && facts.hopper) nc = NConfig::N256_K64_WGMMA;
   const TileInfo tile = tile_info(m8, nc, bits);
