@@ -404,6 +404,26 @@ def test_gptq_k_shard_end_to_end(cp, dtype_name, bits, sym, first, last, group_s
     assert np.array_equal(to_host(first_out).view(np.uint16), to_host(again).view(np.uint16))
 
 
+@pytest.mark.parametrize("bits, sym", [(4, True), (4, False)])
+def test_k_shard_group_ids_outside_the_scales_are_clamped(cp, bits, sym):
+    # K_FULL clear reads g_idx on the device: ids below 0 or past the scales'
+    # rows must read row 0 / the last row (header), never outside them.
+    t = ql.gptq_layer(np.random.default_rng(9), CK, CN, bits=bits, group_size=128, sym=sym, act_order=True)
+    q, g_idx = t["qweight"][:1024 // (32 // bits)], t["g_idx"][:1024]
+    w = ff.MarlinLinearWeight.from_gptq(q, t["scales"], t["qzeros"], g_idx, bits=bits, sym=sym, group_size=128,
+                                        k_full=False, shard_layout="row_groups")
+    order = cp.asnumpy(w.perm)[:1024]
+    bad = cp.asnumpy(w.g_idx).copy()
+    bad[:5], bad[-7:] = -3, w.num_groups + 5  # still non-decreasing
+    clamped = g_idx.copy()
+    clamped[order[:5]], clamped[order[-7:]] = 0, w.num_groups - 1
+    odd = ff.MarlinLinearWeight(b=w.b, scales=w.scales, k=w.k, n=w.n, group_size=128, b_type=w.b_type,
+                                zero_points=w.zero_points, g_idx=cp.asarray(bad), perm=w.perm,
+                                in_features=w.in_features, k_full=False)
+    end_to_end(cp, odd, gptq_reference_dequant(q, t["scales"], t["qzeros"], clamped, bits, sym, 128, False),
+               m_values=(1, 16, 70))
+
+
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("group_size", [-1, 64, 128])
 def test_awq_end_to_end(cp, dtype_name, group_size):
