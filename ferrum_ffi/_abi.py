@@ -22,6 +22,17 @@ FERRUM_WEIGHT_U4B8 = 2  # INT4 codes, symmetric, bias 8: (q - 8) * s
 FERRUM_WEIGHT_U8B128 = 3  # 8-bit codes, symmetric, bias 128: (q - 128) * s
 FERRUM_WEIGHT_FE4M3FN = 4  # FP8 E4M3 bytes: e4m3(q) * s / 256
 
+# Group sizes of integer weights (general GEMM, INT4 MoE): -1 (channelwise), 32,
+# 64, or a power of two >= 128 (the kernels address groups by shifts).
+INT_GROUP_SIZE_RULE = "-1, 32, 64 or a power of two >= 128"
+
+
+def int_group_size_served(group_size: int) -> bool:
+    """Whether the integer-weight kernels serve ``group_size`` (INT_GROUP_SIZE_RULE)."""
+    g = int(group_size)
+    return g in (-1, 32, 64) or (g >= 128 and g & (g - 1) == 0)
+
+
 # Flag bits (FerrumMarlinLaunch.flags).
 FERRUM_MM_FLAG_ACT_ORDER = 0x1
 FERRUM_MM_FLAG_K_FULL = 0x2

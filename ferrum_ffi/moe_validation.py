@@ -37,7 +37,12 @@ from typing import Mapping, NoReturn
 
 import numpy as np
 
-from ._abi import FERRUM_MOE_C_TMP_FLOATS_PER_SM_PER_ROW, FERRUM_MOE_WORKSPACE_INTS_PER_SM
+from ._abi import (
+    FERRUM_MOE_C_TMP_FLOATS_PER_SM_PER_ROW,
+    FERRUM_MOE_WORKSPACE_INTS_PER_SM,
+    INT_GROUP_SIZE_RULE,
+    int_group_size_served,
+)
 from .status import ArgumentError, ArgumentTypeError
 from .validation import (
     DEFAULT_MAX_PAR,
@@ -57,9 +62,6 @@ from .validation import (
 
 MOE_PREFIX = "invalid vLLM Marlin-MoE launch"
 MOE_BLOCK_SIZES = (8, 16, 32, 48, 64)
-# The kernels are instantiated for these INT4 group sizes only (the original
-# contract accepts any multiple of 16).
-MOE_INT4_GROUP_SIZES = (-1, 32, 64, 128)
 MOE_FP8_GROUP_SIZES = (-1, 128)
 MXFP4_GROUP_SIZE = 32
 U64_MAX = 2**64 - 1
@@ -305,8 +307,10 @@ class MarlinMoeF16Launch:
             moe_fail(f"expert_count must be positive, got {self.expert_count}")
         spans = self._spans()
         # This library's own rules come after the original contract's.
-        if self.weight_type is MoeF16WeightType.U4B8 and group_size not in MOE_INT4_GROUP_SIZES:
-            moe_fail(f"INT4 group_size must be -1, 32, 64 or 128 (the group sizes the kernels are built "
+        # The kernels serve these INT4 group sizes (the original contract
+        # accepts any multiple of 16).
+        if self.weight_type is MoeF16WeightType.U4B8 and not int_group_size_served(group_size):
+            moe_fail(f"INT4 group_size must be {INT_GROUP_SIZE_RULE} (the group sizes the kernels are built "
                      f"for), got {group_size}")
         if sms is not None:
             spans.update(_scratch_spans(self, spans, sms))

@@ -45,7 +45,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._abi import WeightType
+from ._abi import INT_GROUP_SIZE_RULE, WeightType, int_group_size_served
 from ._devices import ToDevice, bfloat16_dtype, host_array, upload
 from ._interop import as_device_array
 from .formats._common import check_ndarray, check_scale_values, check_shape, check_size, to_float16_finite
@@ -80,7 +80,7 @@ ENTRY = "MarlinMoeWeight"
 MOE_KINDS = ("u4b8", "u4", "fe4m3fn", "mxfp4")
 """Weight kinds of the fused-MoE GEMMs."""
 _KIND_OF = {WeightType.U4B8: "u4b8", WeightType.U4: "u4", WeightType.FE4M3FN: "fe4m3fn"}
-_GROUP_SIZES = {"u4b8": (-1, 32, 64, 128), "u4": (-1, 32, 64, 128), "fe4m3fn": (-1, 128), "mxfp4": (32,)}
+_GROUP_SIZES = {"fe4m3fn": ((-1, 128), "-1 or 128"), "mxfp4": ((32,), "32")}  # integer kinds: _abi's rule
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,9 +118,10 @@ class MarlinMoeWeight:
         elif self.logical_k != self.k:
             fail(f"{ENTRY}: logical_k={self.logical_k} must equal k={self.k} for kind {self.kind!r} "
                  "(only MXFP4 pads K)")
-        if self.group_size not in _GROUP_SIZES[self.kind] or (self.group_size != -1 and self.k % self.group_size):
-            fail(f"{ENTRY}: group_size={self.group_size} must be one of {_GROUP_SIZES[self.kind]} "
-                 f"for kind {self.kind!r} and divide k={self.k}")
+        allowed, rule = _GROUP_SIZES.get(self.kind, (None, INT_GROUP_SIZE_RULE))
+        served = int_group_size_served(self.group_size) if allowed is None else self.group_size in allowed
+        if not served or (self.group_size != -1 and self.k % self.group_size):
+            fail(f"{ENTRY}: group_size={self.group_size} must be {rule} for kind {self.kind!r} and divide k={self.k}")
         if (self.zero_points is not None) != (self.kind == "u4"):
             fail(f"{ENTRY}: zero_points must be given exactly for kind 'u4' (kind={self.kind!r})")
         if self.kind == "mxfp4" and self.bias is None:

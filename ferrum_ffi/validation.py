@@ -26,7 +26,9 @@ from ._abi import (
     FERRUM_WEIGHT_U4,
     FERRUM_WEIGHT_U4B8,
     FERRUM_WEIGHT_U8B128,
+    INT_GROUP_SIZE_RULE,
     MM_FLAGS_KNOWN,
+    int_group_size_served,
 )
 from ._interop import DeviceArray
 from .status import ArgumentError, ArgumentTypeError
@@ -245,7 +247,6 @@ def validate_expert_slice(
 # ---- general Marlin GEMM (ferrum_marlin_mm) ----------------------------------------
 
 MM_ENTRY = "ferrum_marlin_mm"
-MM_INT_GROUP_SIZES = (-1, 32, 64, 128)
 MM_FP8_GROUP_SIZES = (-1, 128)
 # (thread_k, thread_n) tile overrides; (-1, -1) is automatic.
 MM_TILES = W4A16_TILES
@@ -432,10 +433,11 @@ def validate_mm(problem: MmProblem, entry: str = MM_ENTRY) -> None:
         fail(f"{entry}: lda={p.lda} must be >= k={p.k} (less only with ACT_ORDER)")
     check_multiple(entry, "lda", p.lda, 8)  # keeps every row of a 16-byte aligned
     fp8 = p.b_type == FERRUM_WEIGHT_FE4M3FN
-    allowed = MM_FP8_GROUP_SIZES if fp8 else MM_INT_GROUP_SIZES
-    if p.group_size not in allowed:
-        fail(f"{entry}: group_size={p.group_size} must be one of {', '.join(map(str, allowed))} "
+    if fp8 and p.group_size not in MM_FP8_GROUP_SIZES:
+        fail(f"{entry}: group_size={p.group_size} must be one of {', '.join(map(str, MM_FP8_GROUP_SIZES))} "
              f"for b_type={_B_TYPE_NAMES[p.b_type]}")
+    if not fp8 and not int_group_size_served(p.group_size):
+        fail(f"{entry}: group_size={p.group_size} must be {INT_GROUP_SIZE_RULE} for b_type={_B_TYPE_NAMES[p.b_type]}")
     _check_flags(entry, p)
     if p.k_sharded:
         # Each row names its group (g_idx); the scales hold the whole layer's.

@@ -688,7 +688,7 @@ MM_BAD = {
     "k": dict(k=192, lda=192, num_groups=1, group_size=-1),
     "lda_small": dict(lda=248),
     "lda_odd": dict(lda=260),
-    "group_size": dict(group_size=256, num_groups=1),
+    "group_size": dict(group_size=192, num_groups=1),
     "fp8_group_size": dict(b_type=_abi.FERRUM_WEIGHT_FE4M3FN, group_size=64, num_groups=4),
     "num_groups": dict(num_groups=3),
     "zero_point_flag": dict(flags=MM_GOOD["flags"] | _abi.FERRUM_MM_FLAG_HAS_ZERO_POINTS),

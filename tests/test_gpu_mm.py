@@ -108,7 +108,7 @@ def make_weight(b_type: str, dtype: np.dtype, group_size: int, act_order: bool, 
 
 def sweep_cases():
     for b_type in ("U4", "U4B8", "U8B128", "FE4M3FN"):
-        groups = (-1, 128) if b_type == "FE4M3FN" else (-1, 32, 64, 128)
+        groups = (-1, 128) if b_type == "FE4M3FN" else (-1, 32, 64, 128, 256)
         for dtype in DTYPES:
             for group_size in groups:
                 acts = (False, True) if b_type != "FE4M3FN" and group_size != -1 else (False,)
@@ -153,6 +153,17 @@ def test_every_type_group_and_mode(cp, b_type, dtype_name, group_size, act_order
     out, ref = run(cp, weight, m, seed=m, fp32_reduce=reduce == "fp32_reduce")
     assert to_host(out).shape == (m, N)
     assert relative_l2(out, ref) < TOLERANCE[weight.dtype]
+
+
+@pytest.mark.parametrize("b_type", ["U4", "U8B128"])
+@pytest.mark.parametrize("group_size, act_order", [(512, False), (1024, True)])
+def test_groups_longer_than_a_tile(cp, b_type, group_size, act_order):
+    # Powers of two >= 128: every k tile lies inside one group (K = 2048: 4 / 2 groups).
+    for dtype_name in DTYPES:
+        weight = make_weight(b_type, DTYPES[dtype_name], group_size, act_order, k=2048, seed=group_size)
+        for m in (1, 12, 40, 200):
+            out, ref = run(cp, weight, m, seed=m)
+            assert relative_l2(out, ref) < TOLERANCE[weight.dtype], (dtype_name, m)
 
 
 # ---- features ---------------------------------------------------------------------------------

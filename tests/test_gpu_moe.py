@@ -266,6 +266,8 @@ WEIGHT_CONFIGS = {
     "u4b8-g32": ("u4b8", 32),
     "u4-g128": ("u4", 128),
     "u4-g64": ("u4", 64),
+    "u4b8-g256": ("u4b8", 256),
+    "u4-g256": ("u4", 256),
     "fe4m3fn-g-1": ("fe4m3fn", -1),
     "fe4m3fn-g128": ("fe4m3fn", 128),
     "mxfp4": ("mxfp4", 32),
@@ -357,6 +359,21 @@ def test_every_kind_block_and_reduction(cp, name, block, reduce, m, top_k, mul):
     got = run_moe(cp, weight.device, x, routing, block, fp32_reduce=reduce == "fp32", mul=mul)
     assert got.shape == (m * top_k, weight.device.n)
     assert_rows(got, reference_rows(x, weight.w, routing, weight.bias, mul), TOLERANCE[weight.dtype])
+
+
+@pytest.mark.parametrize("name, shape", [("u4b8-g256", (256, 1024)), ("u4-g256", (192, 1024))])
+@pytest.mark.parametrize("m", [1, 9, 70])
+def test_groups_longer_than_a_tile(cp, name, shape, m):
+    # Powers of two >= 128 (here 4 groups of 256): every k tile lies inside
+    # one group.
+    weight = make_weight(cp, name, shape, experts=4)
+    assert weight.device.k // weight.device.group_size == 4
+    rng = np.random.default_rng([m, shape[1]])
+    routing = route(rng, m, 2, 4, 16)
+    x = activations(rng, m, weight.device.logical_k, weight.dtype)
+    for fp32_reduce in (False, True):
+        got = run_moe(cp, weight.device, x, routing, 16, fp32_reduce=fp32_reduce, mul=True)
+        assert_rows(got, reference_rows(x, weight.w, routing, weight.bias, mul=True), TOLERANCE[weight.dtype])
 
 
 @pytest.mark.parametrize("name", ["u4b8-g128", "mxfp4"])

@@ -163,16 +163,16 @@ def test_lda_must_keep_rows_16_byte_aligned():
 
 
 @pytest.mark.parametrize("b_type", [U4, U4B8, U8B128])
-@pytest.mark.parametrize("group_size", [0, 16, 96, 256, -2, 512])
+@pytest.mark.parametrize("group_size", [0, 16, 96, 192, -2, 384])
 def test_integer_weights_reject_other_group_sizes(b_type, group_size):
-    problem = replace(MmProblem.create(16, 256, 512, F16, b_type, 128), group_size=group_size)
-    rejects(problem, rf"group_size={group_size} must be one of -1, 32, 64, 128")
+    problem = replace(MmProblem.create(16, 256, 768, F16, b_type, 128), group_size=group_size)
+    rejects(problem, rf"group_size={group_size} must be -1, 32, 64 or a power of two >= 128")
 
 
 @pytest.mark.parametrize("b_type", [U4, U4B8, U8B128])
-@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128, 256, 512, 1024])
 def test_integer_weights_take_every_group_size(b_type, group_size):
-    validate_mm(MmProblem.create(16, 256, 512, F16, b_type, group_size))
+    validate_mm(MmProblem.create(16, 256, 1024, F16, b_type, group_size))
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 0])

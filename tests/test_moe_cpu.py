@@ -121,7 +121,7 @@ def test_a_stream_object_is_resolved(lib):
     "changes, message",
     [(dict(prob_n=96), "prob_n 96 must be divisible by the Marlin minimum thread width 64"),
      (dict(a=0), "a pointer must be non-null"),
-     (dict(group_size=16), "INT4 group_size must be -1, 32, 64 or 128"),
+     (dict(group_size=16), "INT4 group_size must be -1, 32, 64 or a power of two >= 128"),
      (dict(device=-1), "device_ordinal must be non-negative, got -1"),
      (dict(mul_topk_weights=True), "mul_topk_weights requires a non-null topk_weights pointer")],
 )

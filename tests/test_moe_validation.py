@@ -226,14 +226,14 @@ def test_c_tmp_exactly_with_fp32_reduce():
 # ---- this library's own rules (after the original contract's) -----------------------------
 
 
-@pytest.mark.parametrize("group_size, prob_k", [(16, 2048), (48, 3072), (256, 2048), (512, 2048)])
+@pytest.mark.parametrize("group_size, prob_k", [(16, 2048), (48, 3072), (192, 3072), (384, 3072)])
 def test_int4_group_sizes_are_those_the_kernels_are_built_for(group_size, prob_k):
     # Each passes the original contract (a multiple of 16 dividing prob_k).
-    rejects(replace(F16, group_size=group_size, prob_k=prob_k), "INT4 group_size must be -1, 32, 64 or 128 (the "
-            f"group sizes the kernels are built for), got {group_size}")
+    rejects(replace(F16, group_size=group_size, prob_k=prob_k), "INT4 group_size must be -1, 32, 64 or a power of "
+            f"two >= 128 (the group sizes the kernels are built for), got {group_size}")
 
 
-@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128, 256, 1024])
 def test_built_int4_group_sizes_pass(group_size):
     replace(F16, group_size=group_size).validate()
     replace(F16, group_size=group_size, zero_points=0xA000, has_zero_points=True).validate()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._abi import INT_GROUP_SIZE_RULE, int_group_size_served
 from ..status import ArgumentError, ArgumentTypeError
 
 SUPPORTED_BITS = (4, 8)
@@ -97,16 +98,13 @@ def check_bits(fn: str, bits: object) -> int:
     return bits
 
 
-INT_GROUP_SIZES = (-1, 32, 64, 128)
-"""Group sizes the general Marlin GEMM serves for integer weights."""
-
-
 def check_int_group_size(fn: str, group_size: object, k: int | None = None, k_name: str = "k") -> int:
-    """``group_size`` in -1/32/64/128 and, when ``k`` is known, dividing it.
-    Returns the rows per group (``k`` itself for -1 when ``k`` is given)."""
+    """``group_size`` one the integer-weight kernels serve (-1, 32, 64 or a
+    power of two >= 128) and, when ``k`` is known, dividing it. Returns the
+    rows per group (``k`` itself for -1 when ``k`` is given)."""
     group_size = check_group_size(fn, group_size)
-    if group_size not in INT_GROUP_SIZES:
-        raise ArgumentError(f"{fn}: group_size={group_size} must be one of -1, 32, 64, 128")
+    if not int_group_size_served(group_size):
+        raise ArgumentError(f"{fn}: group_size={group_size} must be {INT_GROUP_SIZE_RULE}")
     if k is None:
         return group_size
     if group_size == -1:

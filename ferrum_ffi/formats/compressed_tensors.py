@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ferrum_ffi._abi import int_group_size_served
 from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 
 from ._common import (
-    INT_GROUP_SIZES,
     check_bits,
     check_int_group_size,
     check_integer_dtype,
@@ -214,10 +214,10 @@ def _check_layer(fn, weight_packed, weight_scale, weight_zero_point, bits, group
     if group_size is None:
         if groups == 1:
             group_size = -1
-        elif k % groups or k // groups not in INT_GROUP_SIZES:
+        elif k % groups or not int_group_size_served(k // groups):
             raise ArgumentError(
-                f"{fn}: weight_scale.shape[1]={groups} must give a group size of 32, 64 or 128 "
-                f"for K_in={k} (or be 1 for channelwise)"
+                f"{fn}: weight_scale.shape[1]={groups} must give a group size of 32, 64 or a power of two "
+                f">= 128 for K_in={k} (or be 1 for channelwise)"
             )
         else:
             group_size = k // groups

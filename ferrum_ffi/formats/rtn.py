@@ -73,7 +73,7 @@ def quantize_rtn(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Quantise float ``w [K, N]`` -> ``(codes uint8 [K, N], scales dtype [G, N],
     zero points uint8 [G, N] or None when symmetric)``, ``G = K / group_size``
-    (1 for -1). Group sizes -1, 32, 64, 128 (the general GEMM's)."""
+    (1 for -1). Group sizes -1, 32, 64 or a power of two >= 128 (the general GEMM's)."""
     fn = "quantize_rtn"
     bits = check_bits(fn, bits)
     if not isinstance(sym, (bool, np.bool_)):

@@ -145,9 +145,10 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  * Problem: m >= 0 (0 is a no-op), n % 64 == 0, k % 128 == 0 (other shapes are
  *   padded by the caller: zero-valued weight columns / rows, i.e. codes equal to
  *   the zero point, with zero columns of a for padded rows; README "Shapes");
- *   group_size -1 (channelwise, num_groups == 1) or 32, 64, 128 dividing k with
- *   num_groups == k / group_size; FE4M3FN takes -1 or 128 only. K_FULL clear:
- *   group_size 32, 64 or 128 (the layer's), num_groups >= 1 (the layer's group
+ *   group_size -1 (channelwise, num_groups == 1), 32, 64 or a power of two >= 128,
+ *   dividing k with num_groups == k / group_size; FE4M3FN takes -1 or 128 only.
+ *   K_FULL clear: the layer's group_size (same rule but for dividing k),
+ *   num_groups >= 1 (the layer's group
  *   count; k need not be a multiple of group_size), n % 128 == 0.
  * Flags:
  *   ACT_ORDER        gather A by perm into a_tmp first (needs g_idx, perm, a_tmp,
@@ -269,7 +270,8 @@ FERRUM_API int ferrum_marlin_mm(const FerrumMarlinLaunch* launch);
  * not divide them runs a partial last tile: nothing outside the problem is read or
  * written, so no padding is needed; (thread_k, thread_n) tiles (128,256) for
  * moe_block_size <= 16, (128,128), (128,64), (64,256), (64,128)); group_size
- * -1, 32, 64 or 128 dividing prob_k (INT4), -1 or 128 (FP8), exactly 32 (MXFP4);
+ * -1, 32, 64 or a power of two >= 128 dividing prob_k (INT4), -1 or 128 (FP8),
+ * exactly 32 (MXFP4);
  * has_zp exactly when b_zeros is non-NULL (never for FP8); mul_topk_weights needs
  * topk_weights; exactly one of use_atomic_add / use_fp32_reduce, c_tmp non-NULL
  * exactly with use_fp32_reduce. Atomic mode needs no zeroed C (the first partial

@@ -20,4 +20,12 @@ constexpr int kMaxDevices = 64;  // per-device caches of launch attributes
 
 constexpr int weight_bits(WType w) { return (w == WType::U8B128 || w == WType::FE4M3FN) ? 8 : 4; }
 
+// Group sizes of the integer-weight kernels: -1 (channelwise), 32 and 64
+// (several groups per 128-deep stage), or a power of two >= 128 (a stage lies
+// inside one group). The kernels address groups by shifts.
+constexpr bool int_group_size_served(int g) { return g == -1 || g == 32 || g == 64 || (g >= 128 && (g & (g - 1)) == 0); }
+
+// log2 of a power of two.
+constexpr int log2_exact(int x) { return x <= 1 ? 0 : 1 + log2_exact(x / 2); }
+
 }  // namespace ferrum

@@ -53,9 +53,9 @@ int check_problem(const FerrumMarlinLaunch& l) {
                      l.lda, l.k);
   const bool fp8 = l.b_type == FERRUM_WEIGHT_FE4M3FN;
   const int g = l.group_size;
-  if (fp8 ? (g != -1 && g != 128) : (g != -1 && g != 32 && g != 64 && g != 128))
+  if (fp8 ? (g != -1 && g != 128) : !int_group_size_served(g))
     return bad_shape(fp8 ? "%s: group_size=%d must be -1 or 128 for FE4M3FN weights"
-                         : "%s: group_size=%d must be -1, 32, 64 or 128",
+                         : "%s: group_size=%d must be -1, 32, 64 or a power of two >= 128",
                      g);
   // K_FULL clear: a shard of an act-order layer's rows; its scales keep all
   // of the layer's groups and each row names its own (g_idx).
@@ -244,7 +244,7 @@ int mm(const FerrumMarlinLaunch* launch) {
   args.b_row_int4 = l.n * bits / 8;  // (bits/2) * n int32 = n * bits / 8 int4
   args.s_row_halves = l.n;
   args.z_row_int4 = l.n / 32;
-  args.group_shift = l.group_size == -1 ? -1 : (l.group_size == 32 ? 5 : l.group_size == 64 ? 6 : 7);
+  args.group_shift = l.group_size == -1 ? -1 : log2_exact(l.group_size);
   if (k_sharded) {
     args.row_groups = l.g_idx;
     args.num_groups = l.num_groups;

@@ -46,12 +46,6 @@ int bad_shape(const char* fmt, Ts... args) {
   return fail(FERRUM_STAGE_SHAPE, FERRUM_STATUS_INVALID_VALUE, fmt, args...);
 }
 
-int log2_exact(int x) {
-  int s = 0;
-  while ((1 << s) < x) ++s;
-  return s;
-}
-
 int check_group(const MoeCall& m) {
   const int g = m.group_size;
   switch (m.w_type) {
@@ -64,8 +58,8 @@ int check_group(const MoeCall& m) {
         return bad_shape("%s: MXFP4 E2M1/E8M0 group_size must be exactly 32, got %d", m.entry, g);
       break;
     default:
-      if (g != -1 && g != 32 && g != 64 && g != 128)
-        return bad_shape("%s: INT4 group_size must be -1, 32, 64 or 128, got %d", m.entry, g);
+      if (!int_group_size_served(g))
+        return bad_shape("%s: INT4 group_size must be -1, 32, 64 or a power of two >= 128, got %d", m.entry, g);
   }
   if (g > 0 && m.prob_k % g != 0)
     return bad_shape("%s: prob_k %d must be divisible by group_size %d", m.entry, m.prob_k, g);
