@@ -52,10 +52,6 @@ struct Args {
   int s_row_halves;   // scale row stride in scales (n_full); E8M0 scales are bytes
   int z_row_int4;     // zero-point row stride in 16-byte units (n_full / 32)
   int group_shift;    // log2(group size); -1 channelwise
-  // K-sharded act-order: the group of each weight row (the sorted g_idx, [k]),
-  // or null; its values are clamped to [0, num_groups).
-  const int* row_groups;
-  int num_groups;
   int slabs;
   int iters;          // work units (column x k-tile) per block; set by the launcher
   // Locks: one per column (slabs * n/n_tile of them), or one per block range
@@ -69,6 +65,11 @@ struct Args {
   // are pulled into L2 before waiting for it.
   bool a_after_previous_kernel;
   Routing route;
+  // K-sharded act-order: the group of each weight row (the sorted g_idx, [k]),
+  // or null; its values are clamped to [0, num_groups). Last, so that the
+  // other fields keep their parameter offsets (and their paired loads).
+  const int* row_groups;
+  int num_groups;
 };
 
 // Tile configurations the library is built with. M8 = activation rows / 8.
