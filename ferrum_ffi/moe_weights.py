@@ -325,7 +325,7 @@ class MarlinMoeWeight:
         """Float ``w [E, N, K]`` (torch Linear orientation, like the FP8 and
         MXFP4 checkpoints) quantised round-to-nearest, for tests and demos:
         ``u4b8`` / ``u4`` per :func:`~ferrum_ffi.formats.quantize_rtn` (group
-        size -1/32/64/128, default 128), ``fe4m3fn`` per
+        size -1, 32, 64 or a power of two >= 128, default 128), ``fe4m3fn`` per
         :func:`~ferrum_ffi.formats.quantize_fp8_blocks` (group 128),
         ``mxfp4`` per :func:`~ferrum_ffi.formats.quantize_mxfp4` (group 32).
         :meth:`dequantize` then gives the quantised weights ``[E, K, N]``."""

@@ -220,7 +220,7 @@ class MarlinLinearWeight:
         *,
         group_size: int | None = None,
         k_full: bool = True,
-        shard_layout: str = "padded",
+        shard_layout: str | None = None,
         keep_reference: bool = True,
         to_device: ToDevice | None = None,
     ) -> "MarlinLinearWeight":
@@ -231,7 +231,8 @@ class MarlinLinearWeight:
         contiguous (``desc_act=None``: decided by ``g_idx``). ``k_full=False``:
         the tensors are a K shard of an act-order layer (``scales`` / ``qzeros``
         of the whole layer, ``group_size`` given), laid out by ``shard_layout``
-        (``"padded"`` or vLLM's ``"row_groups"``): see ``prepare_gptq``."""
+        (vLLM's ``"row_groups"``, the default where n % 128 == 0, or
+        ``"padded"``): see ``prepare_gptq``."""
         prepared = prepare_gptq(
             host_array(qweight, "qweight"), host_array(scales, "scales"), _optional_host(qzeros, "qzeros"),
             _optional_host(g_idx, "g_idx"), bits=bits, sym=sym, desc_act=desc_act, group_size=group_size,

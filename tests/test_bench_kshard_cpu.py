@@ -26,8 +26,9 @@ def bench():
 
 def test_cases_parse_and_refuse_shards_of_partial_words(bench):
     assert bench.parse_cases("28672x8192:2,4096x256") == [(28672, 8192, 2), (4096, 256, 1)]
-    with pytest.raises(ValueError, match="multiple of 128"):
-        bench.parse_cases("1000x256:2")
+    for bad in ("1000x256:2", "1536x256:8", "2048x256:0", "2048x192:2"):
+        with pytest.raises(ValueError, match="TP must be >= 1, K a multiple of 128\\*TP"):
+            bench.parse_cases(bad)
 
 
 @pytest.mark.parametrize("layout", ["row_groups", "padded"])

@@ -406,13 +406,26 @@ def test_gptq_k_shard_end_to_end(cp, dtype_name, bits, sym, first, last, group_s
     if layout == "row_groups":
         assert weight.num_groups == CK // group_size
     reference = gptq_reference_dequant(q, t["scales"], t["qzeros"], g_idx, bits, sym, group_size, False)
-    end_to_end(cp, weight, reference, m_values=(1, 20, 33, 300))
+    end_to_end(cp, weight, reference, m_values=(1, 12, 20, 33, 100, 300))
     x = activations(40, weight.in_features, weight.dtype, seed=3)
     want = reference_product(cp, x, reference)
     first_out = ff.linear(to_device(cp, x), weight, fp32_reduce=True)
     assert relative_l2(first_out, want) < TOLERANCE[weight.dtype]
     again = ff.linear(to_device(cp, x), weight, fp32_reduce=True)
     assert np.array_equal(to_host(first_out).view(np.uint16), to_host(again).view(np.uint16))
+    forced = ff.linear(to_device(cp, x), weight, thread_k=128, thread_n=128)  # the 8-warp tile at any m
+    assert relative_l2(forced, want) < TOLERANCE[weight.dtype]
+
+
+@pytest.mark.parametrize("bits, sym", [(4, True), (4, False), (8, True)])
+def test_k_shard_of_a_width_the_wide_tiles_do_not_divide(cp, bits, sym):
+    # n % 256 != 0: every m runs the 8-warp kernel's row-group tile.
+    t = ql.gptq_layer(np.random.default_rng(bits + 20), 1024, 384, bits=bits, group_size=64, sym=sym, act_order=True)
+    q, g_idx = t["qweight"][:384 // (32 // bits)], t["g_idx"][:384]
+    w = ff.MarlinLinearWeight.from_gptq(q, t["scales"], t["qzeros"], g_idx, bits=bits, sym=sym, group_size=64,
+                                        k_full=False, shard_layout="row_groups")
+    end_to_end(cp, w, gptq_reference_dequant(q, t["scales"], t["qzeros"], g_idx, bits, sym, 64, False),
+               m_values=(5, 40, 130))
 
 
 @pytest.mark.parametrize("bits, sym", [(4, True), (4, False)])

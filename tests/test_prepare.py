@@ -213,6 +213,9 @@ def test_gptq_k_shard_rules():
         prepare_gptq(*args, crowded, group_size=128, k_full=False)
     with pytest.raises(ArgumentTypeError, match=r"k_full must be a bool"):
         prepare_gptq(*args, t["g_idx"], group_size=128, k_full=0)
+    with pytest.raises(ArgumentError, match=r"shard_layout='padded' applies to a K shard only"):
+        prepare_gptq(*args, t["g_idx"], group_size=128, shard_layout="padded")
+    assert not prepare_gptq(*args, t["g_idx"], group_size=128, k_full=False).k_full  # n % 128 == 0: row groups
     with pytest.raises(ArgumentError, match=r"shard_layout='rows' must be one of 'padded', 'row_groups'"):
         prepare_gptq(*args, t["g_idx"], group_size=128, k_full=False, shard_layout="rows")
     narrow = gptq_k_shard(np.random.default_rng(6), shards=2, shard=0, k=1536)
@@ -220,8 +223,8 @@ def test_gptq_k_shard_rules():
     with pytest.raises(ArgumentError, match=r"n = qweight.shape\[1\]=64 must be a multiple of 128 .* 'row_groups'"):
         prepare_gptq(q64, narrow["scales"][:, :64], narrow["qzeros"][:, :8], narrow["g_idx"], group_size=128,
                      k_full=False, shard_layout="row_groups")
-    prepare_gptq(q64, narrow["scales"][:, :64], narrow["qzeros"][:, :8], narrow["g_idx"], group_size=128,
-                 k_full=False)  # the padded layout serves any n % 64 == 0
+    assert prepare_gptq(q64, narrow["scales"][:, :64], narrow["qzeros"][:, :8], narrow["g_idx"], group_size=128,
+                        k_full=False).k_full  # the default for n % 128 != 0: padded, any n % 64 == 0
     # The shard alone, as if it were a whole layer, has uneven groups: refused.
     with pytest.raises(ArgumentError, match=r"every group exactly .* pass k_full=False"):
         prepare_gptq(*args, t["g_idx"])

@@ -248,7 +248,7 @@ def ct_reference_dequant(
     with signed ``q`` and ``zp`` (``zp = 0`` without ``weight_zero_point``).
 
     ``group_size`` None infers it from ``weight_scale``: one column is
-    channelwise (-1), otherwise ``K_in / weight_scale.shape[1]`` (32/64/128)."""
+    channelwise (-1), otherwise ``K_in / weight_scale.shape[1]`` (32, 64 or a power of two >= 128)."""
     fn = "ct_reference_dequant"
     weight_packed, scales, zero_points, bits, n, k, group_size = _check_layer(
         fn, weight_packed, weight_scale, weight_zero_point, bits, group_size, weight_shape

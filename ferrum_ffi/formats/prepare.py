@@ -207,7 +207,7 @@ def prepare_gptq(
     desc_act: bool | None = None,
     group_size: int | None = None,
     k_full: bool = True,
-    shard_layout: str = "padded",
+    shard_layout: str | None = None,
     dtype: object = np.float16,
     keep_reference: bool = True,
     fn: str = "prepare_gptq",
@@ -228,17 +228,22 @@ def prepare_gptq(
     shard's rows (any multiple of 32/bits), ``g_idx`` their groups, ``scales``
     / ``qzeros`` every group of the whole layer, and ``group_size`` must be
     given. A shard holds each group only in part; its rows are sorted by
-    group and laid out by ``shard_layout``:
+    group and laid out by ``shard_layout`` (None: ``"row_groups"`` when ``n``
+    is a multiple of 128, else ``"padded"``):
 
-    * ``"padded"`` (default): each group's rows are padded with zero-valued
-      rows (codes equal to the zero point) to whole sub-groups of 128, 64 or
-      32 rows (whichever pads least), so every kernel serves it (``K_FULL``
-      set); it holds more rows (g128: +24 % at TP 2, 2x at TP 8);
-    * ``"row_groups"``: vLLM's layout -- the scales stay whole and the kernel
-      reads each row's group from the sorted ``g_idx`` (``K_FULL`` clear, the
-      dequantising 128 x 128 tile; ``n`` a multiple of 128); no rows but the
-      K padding below. H200, Llama-70B/8B down-projection shards: within
-      -12..+15 % of ``"padded"`` at m <= 16, 1.1-2.1x its time at m >= 64.
+    * ``"row_groups"``: vLLM's layout -- the scales stay whole and the kernels
+      read each row's group from the sorted ``g_idx`` (``K_FULL`` clear,
+      dequantising; ``n`` a multiple of 128); no rows added but the K padding
+      below;
+    * ``"padded"``: each group's rows are padded with zero-valued rows (codes
+      equal to the zero point) to whole sub-groups of 128, 64 or 32 rows
+      (whichever pads least), so every kernel serves it as a plain act-order
+      layer (``K_FULL`` set); it holds more rows (g128: +24 % at TP 2, 2x at
+      TP 8).
+
+    H200, Llama-70B/8B down-projection shards (``scripts/bench_kshard.py``):
+    row groups take 0.82-1.13x the padded layout's time at m <= 16 (slower
+    only at m = 1 on TP 2) and 0.87-1.18x at m >= 64.
 
     Either way K is padded to a multiple of 128 with zero-valued rows that
     ``perm`` maps to column 0 of x: ``k`` is the padded row count,
@@ -247,11 +252,15 @@ def prepare_gptq(
     _check_bool(fn, "sym", sym)
     _check_bool(fn, "desc_act", desc_act, optional=True)
     _check_bool(fn, "k_full", k_full)
-    if shard_layout not in SHARD_LAYOUTS:
+    if shard_layout is not None and shard_layout not in SHARD_LAYOUTS:
         raise ArgumentError(f"{fn}: shard_layout={shard_layout!r} must be one of {', '.join(map(repr, SHARD_LAYOUTS))}")
+    if k_full and shard_layout is not None:
+        raise ArgumentError(f"{fn}: shard_layout={shard_layout!r} applies to a K shard only (k_full=False)")
     dtype = check_activation_dtype(fn, dtype)
     qweight = _check_packed_words(fn, "qweight", qweight)
     k, n = qweight.shape[0] * 32 // bits, qweight.shape[1]
+    if shard_layout is None:
+        shard_layout = "row_groups" if n % SHARD_ROW_GROUPS_N_MULTIPLE == 0 else "padded"
     n_multiple = SHARD_ROW_GROUPS_N_MULTIPLE if shard_layout == "row_groups" else GEMM_N_MULTIPLE
     if k_full:
         _gemm_shape(fn, k, n, f"k = qweight.shape[0]*{32 // bits}", "n = qweight.shape[1]")

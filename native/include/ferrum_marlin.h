@@ -128,8 +128,8 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *               layer): the kernel takes each row's group from its index. With
  *               K_FULL clear the kernel reads it: values in [0, num_groups),
  *               non-decreasing (a value outside is clamped into that range, so
- *               it cannot read past b_scales / zero_points; ferrum_ffi checks
- *               the values when it builds a weight)
+ *               it cannot read past b_scales / zero_points; ferrum_ffi's
+ *               from_gptq checks the values)
  *   perm        act-order only: int32 [k], a_tmp[:, i] = a[:, perm[i]]
  *   a_tmp       act-order only: [m, k] a_type scratch (contiguous)
  *   c_tmp       FP32_REDUCE only: fp32 scratch of at least
@@ -157,8 +157,10 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *                    is_k_full=false; needs ACT_ORDER): a K shard of an act-order
  *                    layer, whose rows hold each group only in part: every row
  *                    takes its own group's scales (and zero points) from g_idx.
- *                    Runs the 8-warp kernel's 128 x 128 tile, dequantising
- *                    (slabs of 8, 16 or 64 rows); a shard whose row count is not
+ *                    Dequantises: on Hopper (sm_90a) with m > 16 and n % 256
+ *                    == 0 in the warp-specialised kernel's tiles, otherwise in
+ *                    the 8-warp kernel's 128 x 128 tile (slabs of 8, 16 or 64
+ *                    rows); a shard whose row count is not
  *                    a multiple of 128 is padded by the caller with zero-valued
  *                    rows (codes equal to the zero point) of any group, perm
  *                    mapping them to any column of a
@@ -169,13 +171,17 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *                    fixed order: deterministic results; excludes ATOMIC_ADD
  * Execution: device >= 0; sms -1 (all) or >= 1 (clamped to the device);
  *   thread_k/thread_n -1/-1 (automatic) or a tile override: (128,128), (64,256),
- *   (128,64), or (128,256) when m <= 16; K_FULL clear: -1/-1 or (128,128). Automatic on Hopper (sm_90a build) with
- *   n % 256 == 0 and k % 64 == 0, for m > 16 and for m = 9..16 with groups of 64
- *   or 128, FP8, bf16 INT8 or INT8 groups of 32:
+ *   (128,64), or (128,256) when m <= 16; K_FULL clear: -1/-1 or (128,128).
+ *   Automatic on Hopper (sm_90a build) with n % 256 == 0 and k % 64 == 0, for
+ *   m > 16 and (K_FULL set) for m = 9..16 with groups of 64 or more, FP8, bf16
+ *   INT8 or INT8 groups of 32:
  *   a warp-specialised warpgroup-MMA kernel (256 x 64 tiles; 128 x 64 tiles of
  *   256-row slabs for m > 128 while m * k * 2 <= 32 MB; 384 or 512 threads,
  *   one block per SM; same workspace and c_tmp bounds); an override always
- *   selects the 8-warp kernel's tile.
+ *   selects the 8-warp kernel's tile. On a device with less shared memory per
+ *   block than the chosen tile needs (sm_86/89: ~99 KB) the same tile runs
+ *   shorter activation slabs (and the automatic deep 256-column tile runs as
+ *   128-column tiles).
  * Never synchronises `stream`; allocates nothing; graph-capturable.
  */
 #define FERRUM_DTYPE_F16 1

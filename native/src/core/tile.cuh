@@ -18,7 +18,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // K-sharded act-order (row groups): scale rows staged per stage from the
 // stage's first group on; rows of later groups are read from global memory.
-constexpr int kRowGroupWindow = 16;
+constexpr int kRowGroupWindow = 8;
 
 template <int M8, int NChunks, int KRows, int Stages, int MinBlocks, int Bits, bool Wgmma = false,
           bool RowGroups = false>

@@ -81,7 +81,7 @@ enum class NConfig {
   N256_K64_WGMMA,  // N256_K64 with Hopper warpgroup MMA (64-row slabs, sm_90a builds)
   N128_K64,        // MoE: k a multiple of 64 only (GPT-OSS gate/up, K = 2880)
   // K-sharded act-order (K_FULL clear): groups per row from g_idx, slabs of
-  // 8, 32 or 64 rows.
+  // 8, 16 or 64 rows.
   N128_K128_ROW_GROUPS,
   // Warp-specialised Hopper kernel (wide_kernel.cuh, sm_90a builds): 256 x 64
   // tiles, slabs of 16, 64 or 128 activation rows; 128 x 64 tiles, slabs of 256.

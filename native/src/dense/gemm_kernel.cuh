@@ -46,7 +46,8 @@ enum class Groups {
   StagedShort,
   // K-sharded act-order (K_FULL clear): each row's group comes from the
   // sorted g_idx, so a tile may span any number of groups; the dequantising
-  // path reads the scales of each fragment row from global memory (L1).
+  // path takes each fragment row's scales from the stage's window of group
+  // rows (global memory past it).
   Rows,
 };
 

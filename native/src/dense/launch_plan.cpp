@@ -117,7 +117,7 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType
     if (m > 16) return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
     // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
     // the 8-warp kernel; at 8 rows and below it is not faster), where its
-    // image mode folds a slot's partials per group (64 or 128) or channelwise,
+    // image mode folds a slot's partials per group (64 or more) or channelwise,
     // or where it dequantises (bf16 INT8, INT8 groups of 32). 4-bit groups of
     // 32 stay on the 8-warp kernel (not built for the tile).
     const bool dequantised = w == WType::U8B128 && (a == AType::BF16 || group_size == 32);
@@ -130,6 +130,24 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType
   if (m8 == 8 && n % 256 == 0) return NConfig::N256_K64;
   if (n % 128 == 0) return NConfig::N128_K128;
   return NConfig::N64_K128;
+}
+
+bool fit_shared_memory(int max_smem, int bits, bool may_change_tile, NConfig* nc, int* m8) {
+  auto fits = [&] { return tile_info(*m8, *nc, bits).smem_bytes <= static_cast<size_t>(max_smem); };
+  if (fits()) return true;
+  if (*nc == NConfig::N256_K64_WGMMA || *nc == NConfig::WIDE_T16 || *nc == NConfig::WIDE_T64 ||
+      *nc == NConfig::WIDE_T128 || *nc == NConfig::WIDE_T256)
+    return false;  // Hopper tiles, sized for Hopper
+  if (*nc == NConfig::N256_K128 && may_change_tile) {
+    *nc = NConfig::N128_K128;
+    if (fits()) return true;
+  }
+  while (*m8 > 1) {
+    *m8 /= 2;
+    if (*nc == NConfig::N128_K128_ROW_GROUPS && *m8 == 4) continue;  // not built for row groups
+    if (fits()) return true;
+  }
+  return false;
 }
 
 bool forced_config(int thread_k, int thread_n, NConfig* nc) {

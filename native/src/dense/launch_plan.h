@@ -18,6 +18,13 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType
 // (thread_k, thread_n) as the original kernel names them; false if no tile.
 bool forced_config(int thread_k, int thread_n, NConfig* nc);
 
+// Fits the planned tile (nc) and slab height (m8) to a device offering
+// max_smem bytes of shared memory per block: unchanged when they fit, else
+// the same problem in shorter slabs (and, when the tile may change, the deep
+// 256-column tile as 128-column tiles). sm_86/89 offer ~99 KB, less than
+// 64-row slabs or the deep tile take. False when no built tile fits.
+bool fit_shared_memory(int max_smem, int bits, bool may_change_tile, NConfig* nc, int* m8);
+
 // Checks that a tile divides the problem; returns a status (stage "shape").
 int check_tile_fits(const char* entry, const TileInfo& tile, int n, int k);
 

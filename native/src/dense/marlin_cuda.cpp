@@ -57,7 +57,7 @@ int w4a16(const void* A, const void* B, void* C, const void* s, int prob_m, int 
   if (int st = check_pointer(kEntry, "workspace", workspace, 4)) return st;
 
   constexpr int kBits = 4;
-  const int m8 = slab_m8(prob_m);
+  int m8 = slab_m8(prob_m);
   if (forced) {
     if (nc == NConfig::N256_K128 && m8 > kDeepTileMaxM8)
       return bad_shape("%s: tile (thread_k=128, thread_n=256) serves prob_m <= 16, got prob_m=%d", prob_m);
@@ -75,6 +75,7 @@ int w4a16(const void* A, const void* B, void* C, const void* s, int prob_m, int 
   if (int st = query_device(kEntry, dev, sms, &facts)) return st;
   if (!forced) nc = auto_config(prob_m, prob_n, prob_k, groupsize, facts.sms, AType::F16, WType::U4B8, facts.hopper);
   else if (nc == NConfig::N256_K64 && m8 == 8 && facts.hopper) nc = NConfig::N256_K64_WGMMA;
+  fit_shared_memory(facts.max_smem, kBits, !forced, &nc, &m8);  // the check below reports a misfit
   const TileInfo tile = tile_info(m8, nc, kBits);
   if (int st = check_tile_fits(kEntry, tile, prob_n, prob_k)) return st;
   const int n_tiles = prob_n / tile.n_tile;

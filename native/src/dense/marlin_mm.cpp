@@ -194,7 +194,7 @@ int mm(const FerrumMarlinLaunch* launch) {
   const WType w_type = static_cast<WType>(l.b_type);
   const int bits = weight_bits(w_type);
   const bool k_sharded = !(l.flags & FERRUM_MM_FLAG_K_FULL);
-  const int m8 = k_sharded ? row_groups_m8(l.m) : slab_m8(l.m);
+  int m8 = k_sharded ? row_groups_m8(l.m) : slab_m8(l.m);
   const bool forced = !(l.thread_k == -1 && l.thread_n == -1);
   NConfig nc = NConfig::N128_K128;
   if (forced) {
@@ -204,9 +204,19 @@ int mm(const FerrumMarlinLaunch* launch) {
   DeviceFacts facts{};
   if (int st = query_device(kEntry, l.device, l.sms, &facts)) return st;
   if (int st = check_capacities(l, facts.sms)) return st;
-  if (k_sharded) nc = NConfig::N128_K128_ROW_GROUPS;
-  else if (!forced) nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
+  if (k_sharded) {
+    // Slabs over 16 rows on Hopper: the warp-specialised kernel's dequantising
+    // tiles (it has no row-group image mode); otherwise the 8-warp tile.
+    nc = NConfig::N128_K128_ROW_GROUPS;
+    if (!forced && l.m > 16) {
+      const NConfig wide = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
+      if (wide == NConfig::WIDE_T64 || wide == NConfig::WIDE_T128 || wide == NConfig::WIDE_T256) nc = wide;
+    }
+  } else if (!forced) {
+    nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
+  }
   else if (nc == NConfig::N256_K64 && m8 == 8 && facts.hopper) nc = NConfig::N256_K64_WGMMA;
+  fit_shared_memory(facts.max_smem, bits, !forced, &nc, &m8);  // the check below reports a misfit
   const TileInfo tile = tile_info(m8, nc, bits);
   if (int st = check_tile_fits(kEntry, tile, l.n, l.k)) return st;
   const int64_t slabs = (static_cast<int64_t>(l.m) + tile.m_rows - 1) / tile.m_rows;

@@ -57,7 +57,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   int4* const sh_b = sh_a + kStages * W::a_stage;
   int4* const sh_s = sh_b + kStages * W::b_stage;
   int4* const sh_z = sh_s + kStages * W::s_stage;
-  float* const sh_red = reinterpret_cast<float*>(sh_z + kStages * W::z_stage);
+  int4* const sh_g = sh_z + kStages * W::z_stage;  // row groups: each slot's g_idx rows
+  float* const sh_red = reinterpret_cast<float*>(sh_g + kStages * W::g_stage);
   uint64_t* const full = reinterpret_cast<uint64_t*>(sh_red + W::m_rows * W::red_stride);
   uint64_t* const empty = full + kStages;
   int& sh_last = *reinterpret_cast<int*>(empty + kStages);
@@ -98,8 +99,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     static_assert(W::b_stage % W::producers == 0 && W::a_stage % W::producers == 0, "copies split evenly");
     static_assert(W::producers % kBRowInt4 == 0 || kBRowInt4 % W::producers == 0, "B rows and copies nest");
     const int s_rows = grouped && W::k_tile > (1 << p.group_shift) ? W::k_tile >> p.group_shift : 1;
-    const int s_copies = grouped ? s_rows * W::n_chunks * 8 : 0;
-    const int z_copies = F::zero_points ? s_rows * W::n_chunks * 2 : 0;
+    const int s_copies = grouped && !W::row_groups ? s_rows * W::n_chunks * 8 : 0;
+    const int z_copies = F::zero_points && !W::row_groups ? s_rows * W::n_chunks * 2 : 0;
     const int s_row_int4 = p.s_row_halves / 8;
     // The copies are one warp's serial instruction stream per SM quarter, so
     // everything per thread is fixed up front and a slot costs a few adds per
@@ -125,6 +126,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
       rows_left = p.m - slab * W::m_rows - a_row0;  // copy j is live while 16 j < rows_left
     };
     seek();
+    // Row groups: the first group of the next slot (its scale window starts
+    // there), loaded one slot ahead so that the copies never wait on it.
+    [[maybe_unused]] int g_first = 0;
+    if constexpr (W::row_groups) g_first = __ldg(p.row_groups + kt * W::k_tile);
 #pragma unroll 1
     for (int i = 0; i < count; ++i) {
       const int slot = i % kStages;
@@ -150,6 +155,29 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         ptx::cp_async16(sh_z + slot * W::z_stage + tid,
                         gZ + static_cast<size_t>(group_row) * p.z_row_int4 + c * (W::n_chunks * 2) + tid % (W::n_chunks * 2));
       }
+      if constexpr (W::row_groups) {
+        if (tid < W::k_tile)
+          ptx::cp_async4(reinterpret_cast<int*>(sh_g + slot * W::g_stage) + tid, p.row_groups + kt * W::k_tile + tid);
+        // Window row r is group g_first + r, clamped into the scales' rows.
+        constexpr int kRowInt4 = W::n_chunks * 8;
+        static_assert(W::s_rows * kRowInt4 % W::producers == 0, "window copies split evenly");
+#pragma unroll
+        for (int j = 0; j < W::s_rows * kRowInt4 / W::producers; ++j) {
+          const int e = tid + W::producers * j;
+          const int group = min(max(g_first + e / kRowInt4, 0), p.num_groups - 1);
+          ptx::cp_async16(sh_s + slot * W::s_stage + e,
+                          gS + static_cast<size_t>(group) * s_row_int4 + c * kRowInt4 + e % kRowInt4);
+        }
+        if constexpr (F::zero_points) {
+          constexpr int kZRowInt4 = W::n_chunks * 2;
+          static_assert(W::s_rows * kZRowInt4 <= W::producers, "one zero-point copy per thread");
+          if (tid < W::s_rows * kZRowInt4) {
+            const int group = min(max(g_first + tid / kZRowInt4, 0), p.num_groups - 1);
+            ptx::cp_async16(sh_z + slot * W::z_stage + tid,
+                            gZ + static_cast<size_t>(group) * p.z_row_int4 + c * kZRowInt4 + tid % kZRowInt4);
+          }
+        }
+      }
       mbar::arrive_on_copies(full + slot);
       if (++kt == k_tiles) {
         kt = 0;
@@ -162,6 +190,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         pb += W::k_rows * p.b_row_int4;
         pa += W::k_tile / 8;
       }
+      if constexpr (W::row_groups) g_first = __ldg(p.row_groups + kt * W::k_tile);
     }
     ptx::cp_async_wait<0>();
     return;
@@ -245,6 +274,65 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     for (int h = 0; h < kTiles; ++h) {
       f[h] = F::dequant(sw.w + h * F::words, F::zero_points ? F::zero_pair(sw.zero, tile0 + h) : 0u);
       if (grouped) F::scale(f[h], sw.scales[h]);
+    }
+  };
+
+  // K-sharded act-order (row groups): the pairs of group g for this lane's
+  // tiles, and its zero-point word, from the slot's window (groups g0 ..
+  // g0 + s_rows - 1) or else, clamped, from global memory through the same
+  // generic load; a step inside one group (the sorted g_idx has equal ends)
+  // scales like any group, others per fragment row (k, k+1, k+8, k+9).
+  auto row_fragments = [&](int slot, const int4* ss, const int4* sz, int col, int row, const StepWords& sw,
+                           Frag16x16 (&f)[kTiles]) {
+    const int* const sg = reinterpret_cast<const int*>(sh_g + slot * W::g_stage);
+    const int g0 = sg[0];
+    auto pairs_of = [&](int g, uint32_t (&sp)[kTiles], [[maybe_unused]] uint32_t& zw) {
+      const unsigned d = static_cast<unsigned>(g - g0);
+      const bool staged = d < static_cast<unsigned>(W::s_rows);
+      const size_t grp = min(static_cast<unsigned>(max(g, 0)), static_cast<unsigned>(p.num_groups - 1));
+      const int4* const s_base = staged ? ss + d * (W::n_chunks * 8)
+                                        : static_cast<const int4*>(p.s) + grp * (p.s_row_halves / 8) +
+                                              col * (W::n_chunks * 8);
+      const int4* const pairs = s_base + chunk * 8 + (lane >> 2);  // tiles 0..3
+      if constexpr (kTiles == 2) {
+        const uint2 v = reinterpret_cast<const uint2*>(pairs)[tile0 >> 1];
+        sp[0] = v.x;
+        sp[1] = v.y;
+      } else {
+        sp[0] = reinterpret_cast<const uint32_t*>(pairs)[tile0];
+      }
+      if constexpr (F::zero_points) {
+        const int4* const z_base = staged ? sz + d * (W::n_chunks * 2)
+                                          : static_cast<const int4*>(p.z) + grp * p.z_row_int4 +
+                                                col * (W::n_chunks * 2);
+        zw = reinterpret_cast<const uint32_t*>(z_base + chunk * 2)[lane >> 2];
+      }
+    };
+    const int first = sg[16 * row];
+    if (first == sg[16 * row + 15]) {
+      uint32_t sp[kTiles], zw = 0;
+      pairs_of(first, sp, zw);
+#pragma unroll
+      for (int h = 0; h < kTiles; ++h) {
+        f[h] = F::dequant(sw.w + h * F::words, F::zero_points ? F::zero_pair(zw, tile0 + h) : 0u);
+        F::scale(f[h], sp[h]);
+      }
+      return;
+    }
+    const int* const rows = sg + 16 * row + 2 * (lane & 3);
+    constexpr int kRowOffsets[4] = {0, 1, 8, 9};
+    uint32_t sp[4][kTiles];
+    uint32_t zw[4] = {};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pairs_of(rows[kRowOffsets[j]], sp[j], zw[j]);
+#pragma unroll
+    for (int h = 0; h < kTiles; ++h) {
+      Frag16x16 zero{};
+      if constexpr (F::zero_points)
+        zero = row_pairs(F::zero_pair(zw[0], tile0 + h), F::zero_pair(zw[1], tile0 + h),
+                         F::zero_pair(zw[2], tile0 + h), F::zero_pair(zw[3], tile0 + h));
+      f[h] = F::dequant(sw.w + h * F::words, zero);
+      F::scale(f[h], row_pairs(sp[0][h], sp[1][h], sp[2][h], sp[3][h]));
     }
   };
 
@@ -399,18 +487,27 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #pragma unroll 1
     while (i < count) {
       const int run_end = i + min(count - i, k_tiles - c_kt);
+      [[maybe_unused]] const int col = (u_begin + i) / k_tiles % n_tiles;  // row groups' global reads
       zero_acc();
 #pragma unroll 1
       for (; i < run_end; ++i) {
         const Slot sl = await_slot(i);
         StepWords sw[W::k_rows];
 #pragma unroll
-        for (int row = 0; row < W::k_rows; ++row) read_step(sl.b, sl.s, sl.z, row, sw[row]);
+        for (int row = 0; row < W::k_rows; ++row) {
+          if constexpr (W::row_groups)
+            read_words(sl.b, row, sw[row].w);
+          else
+            read_step(sl.b, sl.s, sl.z, row, sw[row]);
+        }
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row) {
           // One register set per step of the slot: a step's fragments are
           // rewritten four steps later, after its MMAs retired (kPending < 4).
-          fragments(sw[row], f[row]);
+          if constexpr (W::row_groups)
+            row_fragments(sl.index, sl.s, sl.z, col, row, sw[row], f[row]);
+          else
+            fragments(sw[row], f[row]);
           wgmma::fence();
 #pragma unroll
           for (int h = 0; h < kTiles; ++h) wgmma::mma_m64k16<W::m_rows, kBf16>(acc[h], f[row][h].r, sl.desc + 2 * row);
@@ -434,9 +531,9 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #endif
 }
 
-template <int Tokens, class F, bool Images>
+template <int Tokens, class F, bool Images, bool RowGroups = false>
 cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
-  using W = WideTile<Tokens, F::bits, Images ? 3 : 2>;
+  using W = WideTile<Tokens, F::bits, Images ? 3 : 2, RowGroups>;
   return launch_resident<wide_kernel<W, F, Images>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile,
                                                                   args, launch, stage);
 }
@@ -447,6 +544,12 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
 // groups of 32 are not built for it (the planner keeps them on the 8-warp kernel).
 template <int Tokens, class F>
 cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
+  // K-sharded act-order (integer weights): dequantisation mode, slabs of 64+ rows.
+  if (args.row_groups != nullptr) {
+    if constexpr (Tokens > 16 && (F::const_correction || F::zero_points))
+      return launch_wide_kernel<Tokens, F, false, true>(args, launch, stage);
+    return cudaErrorInvalidValue;
+  }
   constexpr bool kImages = Tokens <= 16 && !F::two_images && !F::e8m0_scales;
   // 16-row dequantisation: only INT8 (U8B128) reaches it (groups of 32; bf16).
   constexpr bool kDequant = Tokens > 16 || (F::bits == 8 && F::const_correction);

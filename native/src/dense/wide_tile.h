@@ -14,7 +14,9 @@ constexpr size_t kWideSmemBudget = 227 * 1024;
 // two consumer warpgroups owns one 64-column chunk (a 128 x 256 tile whose
 // m64n256 MMAs need half the dequantisation per product of two m64n128);
 // otherwise two chunks each (256 columns).
-template <int Tokens, int Bits, int Groups = 2>
+// RowGroups: K-sharded act-order (dequantisation mode): each slot also holds
+// its rows of the sorted g_idx and a window of scale rows from its first group.
+template <int Tokens, int Bits, int Groups = 2, bool RowGroups = false>
 struct WideTile {
   static_assert(Groups == 2 || (Groups == 3 && Tokens == 16), "three consumer warpgroups serve 16-row slabs");
   static_assert(Tokens == 16 || Tokens == 64 || Tokens == 128 || Tokens == 256,
@@ -35,11 +37,15 @@ struct WideTile {
   static constexpr int producer_regs = 40;
   static constexpr int consumer_regs = Groups == 2 ? 232 : 152;
   static_assert(producers * producer_regs + consumers * consumer_regs <= 65536, "register file");
-  // Per slot, in 16-byte units. Groups of 32 put two scale rows into a slot.
+  static constexpr bool row_groups = RowGroups;
+  // Per slot, in 16-byte units. Groups of 32 put two scale rows into a slot;
+  // row groups a window of eight.
+  static constexpr int s_rows = RowGroups ? 8 : 2;
   static constexpr int a_stage = Tokens * 8;
   static constexpr int b_stage = k_rows * n_chunks * 32 * b_words;
-  static constexpr int s_stage = 2 * n_chunks * 8;
-  static constexpr int z_stage = 2 * n_chunks * 2;
+  static constexpr int s_stage = s_rows * n_chunks * 8;
+  static constexpr int z_stage = s_rows * n_chunks * 2;
+  static constexpr int g_stage = RowGroups ? k_tile / 4 : 0;
   // The epilogue reduces and stores a column tile in two parts (one per
   // consumer warpgroup's chunks, in turn), which halves its fp32 buffer and
   // leaves room for deeper pipelines; 16-row slabs need little room and
@@ -48,7 +54,7 @@ struct WideTile {
   static constexpr int part_cols = n_tile / parts;
   static constexpr int red_stride = part_cols + 4;
   static constexpr size_t red_bytes = 4 * static_cast<size_t>(Tokens) * red_stride;
-  static constexpr size_t stage_bytes = 16 * static_cast<size_t>(a_stage + b_stage + s_stage + z_stage);
+  static constexpr size_t stage_bytes = 16 * static_cast<size_t>(a_stage + b_stage + s_stage + z_stage + g_stage);
   // Slabs of 16 rows are a weight stream: small slots, many of them in
   // flight; taller slabs keep six (more buys nothing once the MMAs limit).
   static constexpr int max_stages = Tokens <= 16 ? 16 : 6;
