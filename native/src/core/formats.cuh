@@ -239,6 +239,24 @@ __device__ __forceinline__ void unit_words(const int4* src, uint32_t (&w)[4 * Wo
   }
 }
 
+// Exact values of Tiles tiles (tile0 on) of a 16-deep step whose fragment
+// rows k, k+1, k+8, k+9 belong to groups of their own (a K shard of an
+// act-order layer): sp[j][h] is the pair {scale(c), scale(c+8)} of tile
+// tile0 + h for row j's group, zw[j] that group's zero-point word.
+template <class F, int Tiles>
+__device__ __forceinline__ void dequant_row_groups(const uint32_t* w, const uint32_t (&sp)[4][Tiles],
+                                                   const uint32_t (&zw)[4], int tile0, Frag16x16 (&f)[Tiles]) {
+#pragma unroll
+  for (int h = 0; h < Tiles; ++h) {
+    Frag16x16 zero{};
+    if constexpr (F::zero_points)
+      zero = row_pairs(F::zero_pair(zw[0], tile0 + h), F::zero_pair(zw[1], tile0 + h), F::zero_pair(zw[2], tile0 + h),
+                       F::zero_pair(zw[3], tile0 + h));
+    f[h] = F::dequant(w + h * F::words, zero);
+    F::scale(f[h], row_pairs(sp[0][h], sp[1][h], sp[2][h], sp[3][h]));
+  }
+}
+
 // Folds the fp32 partial sums of image products over one group window into
 // the accumulators: removes the images' offset (the correction products, with
 // zero points weighed per column by E + z) and applies the window's scale

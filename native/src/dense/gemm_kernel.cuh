@@ -464,15 +464,12 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     }
   };
 
-  // K-sharded act-order: rows k, k+1, k+8, k+9 of the lane's fragments each
-  // take their own group's scale (and zero-point) pairs, read through L1 from
-  // the global arrays. Group ids are clamped to the scales' rows, so a bad
-  // g_idx cannot read outside them.
-  // The scale pairs {scale(c), scale(c + 8)} of tiles 0..3 and the
-  // zero-point word of group g for this lane: from the stage's window, which
-  // holds groups g0 .. g0 + 15 (g0 the stage's first group), else (a stage
-  // spanning more groups) from global memory through the same generic load,
-  // so the warp does not diverge. Group ids are clamped into the scales' rows.
+  // K-sharded act-order: the scale pairs {scale(c), scale(c + 8)} of tiles
+  // 0..3 and the zero-point word of group g for this lane, from the stage's
+  // window, which holds groups g0 .. g0 + kRowGroupWindow - 1 (g0 the stage's
+  // first group), else (a stage spanning more groups) from global memory
+  // through the same generic load, so the warp does not diverge. Group ids
+  // are clamped into the scales' rows, so a bad g_idx cannot read outside them.
   auto group_pairs = [&](const int4* ss, const int4* sz, int g0, int g, int col, uint32_t (&sp)[4],
                          [[maybe_unused]] uint32_t& zw) {
     const unsigned d = static_cast<unsigned>(g - g0);
@@ -516,15 +513,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     uint32_t zw[4] = {};
 #pragma unroll
     for (int j = 0; j < 4; ++j) group_pairs(ss, sz, g0, rows[kRowOffsets[j]], col, sw[j], zw[j]);
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      Frag16x16 zero{};
-      if constexpr (F::zero_points)
-        zero = row_pairs(F::zero_pair(zw[0], t), F::zero_pair(zw[1], t), F::zero_pair(zw[2], t),
-                         F::zero_pair(zw[3], t));
-      f[t] = F::dequant(w + t * F::words, zero);
-      F::scale(f[t], row_pairs(sw[0][t], sw[1][t], sw[2][t], sw[3][t]));
-    }
+    dequant_row_groups<F, 4>(w, sw, zw, 0, f);
   };
 
   // Short slabs multiply raw code images (see core/formats.cuh) and apply

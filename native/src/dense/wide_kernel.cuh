@@ -325,15 +325,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     uint32_t zw[4] = {};
 #pragma unroll
     for (int j = 0; j < 4; ++j) pairs_of(rows[kRowOffsets[j]], sp[j], zw[j]);
-#pragma unroll
-    for (int h = 0; h < kTiles; ++h) {
-      Frag16x16 zero{};
-      if constexpr (F::zero_points)
-        zero = row_pairs(F::zero_pair(zw[0], tile0 + h), F::zero_pair(zw[1], tile0 + h),
-                         F::zero_pair(zw[2], tile0 + h), F::zero_pair(zw[3], tile0 + h));
-      f[h] = F::dequant(sw.w + h * F::words, zero);
-      F::scale(f[h], row_pairs(sp[0][h], sp[1][h], sp[2][h], sp[3][h]));
-    }
+    dequant_row_groups<F, kTiles>(sw.w, sp, zw, tile0, f);
   };
 
   using Epilogue = ColumnEpilogue<W::m_rows, W::part_cols, W::consumers, F, Route::Dense, W::parts>;
