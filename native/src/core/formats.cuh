@@ -74,9 +74,6 @@ struct Format {
   // z0 z2 z4 z6 z1 z3 z5 z7, z_j for column c + 8j).
   __device__ static uint32_t zero_pair(uint32_t zword, int t) { return nibble_pair(zword >> (4 * t), kExp); }
 
-  // HiDiv16 = false: every 4-bit image is E + q, also for fp16 U4B8 (for
-  // kernels whose activations cannot be rescaled).
-  template <bool HiDiv16 = act_hi_div16>
   __device__ static void images(const uint32_t* w, Frag16x16& f, Frag16x16& f_hi) {
     if constexpr (W == WType::FE2M1) {
       // Nibbles as in the 4-bit layout below; sign to bit 15, e1 e0 m to bits 8..6.
@@ -85,7 +82,7 @@ struct Format {
       f.r[1] = fp4_pair(w[0] >> 2, w[0] << 4);
       f.r[3] = fp4_pair(w[0] >> 6, w[0]);
     } else if constexpr (bits == 4) {
-      if constexpr (HiDiv16 && act_hi_div16) {
+      if constexpr (act_hi_div16) {
         // High nibbles stay in place: 1024 + 16q, exact in fp16.
         f.r[0] = ptx::lop3<kLop3Or>(w[0], 0x000f000fu, kExp);
         f.r[2] = ptx::lop3<kLop3Or>(w[0], 0x00f000f0u, kExp);
@@ -129,11 +126,9 @@ struct Format {
   // images' offsets. For U4 the offset E + z differs per column, so the
   // fragment is -1 and yields -(sum of the activations), which the kernel
   // weighs with each column's E + z in fp32.
-  template <bool HiDiv16 = act_hi_div16>
   __device__ static Frag16x16 correction() {
     if constexpr (W == WType::U4B8) {
-      if constexpr (bf16) return splat(0xc308c308u);  // -136
-      if constexpr (!HiDiv16) return splat(0xe408e408u);                       // -1032
+      if constexpr (bf16) return splat(0xc308c308u);                           // -136
       return Frag16x16{{0xe408e408u, 0xe408e408u, 0xe480e480u, 0xe480e480u}};  // -1032, -1152
     } else if constexpr (W == WType::U8B128) {
       if constexpr (bf16) return splat(0xc510c510u);  // -(128 + 2048 + 128) = -2304
@@ -280,6 +275,20 @@ __device__ __forceinline__ void fold_images(float (&acc)[4][M8][4], const float 
         if constexpr (F::zero_points) v = fmaf(e < 2 ? ez.x : ez.y, corr[j][e], v);
         acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[t][j][e]);
       }
+  }
+}
+
+// The same for exact values (dequant()): no offset to remove, only scales.
+template <class F, int M8>
+__device__ __forceinline__ void fold_scaled(float (&acc)[4][M8][4], const float (&part)[4][M8][4],
+                                            const uint32_t (&scale_pairs)[4]) {
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const float2 s = F::N::to_float2(scale_pairs[t]);
+#pragma unroll
+    for (int j = 0; j < M8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, part[t][j][e], acc[t][j][e]);
   }
 }
 

@@ -117,11 +117,13 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType
     if (m > 16) return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
     // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
     // the 8-warp kernel; at 8 rows and below it is not faster), where its
-    // image mode folds a slot's partials per group (64 or more) or channelwise,
-    // or where it dequantises (bf16 INT8, INT8 groups of 32). 4-bit groups of
-    // 32 stay on the 8-warp kernel (not built for the tile).
+    // image mode folds a slot's partials per group (groups at least a slot
+    // deep: 64 for 8-bit, 128 for 4-bit) or channelwise, or where it
+    // dequantises (bf16 INT8, INT8 groups of 32). Shorter 4-bit groups stay
+    // on the 8-warp kernel (not built for the tile).
     const bool dequantised = w == WType::U8B128 && (a == AType::BF16 || group_size == 32);
-    if (m > 8 && (group_size < 0 || group_size >= 64 || dequantised)) return NConfig::WIDE_T16;
+    const int slot_depth = tile_info(1, NConfig::WIDE_T16, bits).k_tile;
+    if (m > 8 && (group_size < 0 || group_size >= slot_depth || dequantised)) return NConfig::WIDE_T16;
   }
   if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
   if (bits == 4 && m8 <= kDeepTileMaxM8 && n % 256 == 0 &&

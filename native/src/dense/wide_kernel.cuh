@@ -17,11 +17,10 @@
 // retired. Warpgroup 0's copies per slot are a few adds each (offsets fixed per
 // thread): as a serial integer stream they had been the bottleneck.
 //
-// 16-row slabs (a weight stream, not compute-bound) run in "image mode"
-// instead: raw code images, a correction MMA and fp32 group scales (as the
-// 8-warp kernel's short slabs), with whole slots handed to three consumer
-// warpgroups in turn (see the image-mode loop below). The description above is
-// the dequantisation mode of the taller tiles.
+// 16-row slabs (a weight stream, not compute-bound) run differently: exact
+// values, fp32 scales per slot, and whole slots handed to three consumer
+// warpgroups in turn (see the whole-slot loop below). The description above
+// is the dequantisation mode of the taller tiles.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -38,17 +37,17 @@
 
 namespace ferrum::dense {
 
-template <class W, class F, bool Images>
+template <class W, class F, bool WholeSlots>
 __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #ifdef FERRUM_WGMMA_AVAILABLE
   constexpr bool kBf16 = F::bf16;
   constexpr int kStages = W::stages;
-  // Image mode hands each slot to one consumer warpgroup (see below).
-  constexpr int kSlotConsumers = Images ? 128 : W::consumers;
+  // Whole slots: each slot is one consumer warpgroup's (see below).
+  constexpr int kSlotConsumers = WholeSlots ? 128 : W::consumers;
   // A warpgroup waits on a slot's phase parity only; the slots it skips must
   // not lap it (its next slot is at most `groups` fills ahead).
-  static_assert(!Images || kStages >= W::groups, "more slots than consumer warpgroups");
-  static_assert(Images || W::groups == 2, "dequantisation mode: two warpgroups of W::chunks_per_group chunks");
+  static_assert(!WholeSlots || kStages >= W::groups, "more slots than consumer warpgroups");
+  static_assert(WholeSlots || W::groups == 2, "dequantisation mode: two warpgroups of W::chunks_per_group chunks");
   // Dequantisation mode: MMAs (weight tiles per lane) per warpgroup and step.
   constexpr int kTiles = W::chunks_per_group;
   // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
@@ -142,8 +141,11 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
       int4* const da = sh_a + slot * W::a_stage + a_dst0;
 #pragma unroll
       for (int j = 0; j < kACopies; ++j) {
-        const bool live = 16 * j < rows_left;  // rows past the end of A become zero rows
-        ptx::cp_async16_or_zero(da + 128 * j, live ? pa + j * a_step_rows : gA, live);
+        constexpr int kPerAtom = W::m_rows * 8 / W::producers;  // copies per swizzle atom
+        const int atom = j / kPerAtom, jr = j % kPerAtom;
+        const bool live = 16 * jr < rows_left;  // rows past the end of A become zero rows
+        ptx::cp_async16_or_zero(da + atom * (W::m_rows * 8) + 128 * jr, live ? pa + jr * a_step_rows + 8 * atom : gA,
+                                live);
       }
       if (tid < s_copies) {
         const int group_row = ((kt * W::k_tile) >> p.group_shift) + tid / (W::n_chunks * 8);
@@ -212,8 +214,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   const int lane = tid & 31;
   auto consumer_sync = [] { mbar::named_sync<1, W::consumers>(); };
 
-  // Dequantisation mode: one accumulator per MMA; image mode: per tile of the chunk.
-  constexpr int kAccTiles = Images ? 4 : kTiles;
+  // Dequantisation mode: one accumulator per MMA; whole slots: per tile of the chunk.
+  constexpr int kAccTiles = WholeSlots ? 4 : kTiles;
   float acc[kAccTiles][W::m8][4];
   auto zero_acc = [&]() {
 #pragma unroll
@@ -330,7 +332,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 
   using Epilogue = ColumnEpilogue<W::m_rows, W::part_cols, W::consumers, F, Route::Dense, W::parts>;
   static_assert(Epilogue::kRedStride == W::red_stride, "one reduction tile layout");
-  static_assert(W::parts == 1 || (W::parts == 2 && !Images), "two parts: one per consumer warpgroup's chunks");
+  static_assert(W::parts == 1 || (W::parts == 2 && !WholeSlots), "two parts: one per consumer warpgroup's chunks");
   // Accumulator (h, j, e) of lane (g, q) is C^T[n = n_of(h) + g + 8 (e/2)][m = 8j + 2q + e%2].
   auto stash = [&](const auto& a, int hs, auto n_of, bool add) {
 #pragma unroll
@@ -348,7 +350,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     const int col = u / k_tiles;
     const int slab = col / n_tiles;
     const int c = col - slab * n_tiles;
-    if constexpr (Images) {
+    if constexpr (WholeSlots) {
       // Every warpgroup holds partials of all 256 columns (warp w: chunk w).
       auto n_of = [&](int h) { return 64 * wg_warp + 16 * h; };
 #pragma unroll 1
@@ -372,6 +374,12 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   };
 
   const uint64_t a_desc0 = wgmma::sw128_kmajor_desc(sh_a);
+  // The activations' descriptor of a slot's 16-deep step: 32 bytes further
+  // into the 128-byte rows per step, a new atom block every four (the
+  // descriptor's address is in 16-byte units).
+  auto step_desc = [](uint64_t desc, int row) -> uint64_t {
+    return desc + (row / 4) * (W::m_rows * 8) + 2 * (row % 4);
+  };
   // A slot whose copies have landed: where its weights, scales and zero
   // points are, and its activations' descriptor.
   struct Slot {
@@ -379,7 +387,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     const int4* b;
     const int4* s;
     const int4* z;
-    uint64_t desc;  // a 16-deep step is 32 bytes further into the 128-byte rows: +2
+    uint64_t desc;  // of the slot's first step (step_desc)
   };
   auto await_slot = [&](int i) -> Slot {
     const int slot = i % kStages;
@@ -390,80 +398,64 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   };
   int i = 0;
   int c_kt = u_begin % k_tiles;
-  if constexpr (Images) {
-    // ---- image mode (16-row slabs) ---------------------------------------------
+  if constexpr (WholeSlots) {
+    // ---- whole slots (16-row slabs) ---------------------------------------------
     // The tensor cores are nearly idle at 16 rows; what limits is each
-    // consumer's instructions and latency per slot. So codes become raw
-    // fp16/bf16 images by bit operations only (formats.cuh), one more MMA per
-    // step with a constant fragment removes their offset, and scales are
-    // applied to fp32 partial sums once per slot (grouped) or once per k run
-    // (channelwise formats without an image offset: the epilogue applies
-    // them). Images that carry an offset (integer codes) are folded every
-    // slot, with unit scales when channelwise: a k run's partials would hold
-    // ~1000 x the activation sums and lose precision to it when the
-    // activations' mean is not zero. And the three
-    // warpgroups take whole slots in turn (slot i: warpgroup i mod 3), so
-    // three slots are in work at once, each a step-by-step pipeline of images
-    // and MMAs. Warp w owns chunk w: per step, MMA h takes tile h of every
-    // chunk, and a lane's four tiles are its Marlin unit (one 16-byte load;
-    // two for 8-bit codes).
-    constexpr bool kCorrect = F::const_correction || F::zero_points;
-    const Frag16x16 correction = F::template correction<false>();
+    // consumer's instructions and latency per slot. So the three warpgroups
+    // take whole slots in turn (slot i: warpgroup i mod 3), three slots in
+    // work at once, each a step-by-step pipeline: a step's exact values
+    // (q - zero, formats.cuh; no scale) are made while the previous step's
+    // MMAs run, and the slot's fp32 partials are scaled once, when its MMAs
+    // have retired (groups are at least a slot deep; channelwise: unit
+    // scales here, the epilogue applies the real ones). Exact values need no
+    // correction MMA (raw images would: one more MMA per step, and partials
+    // carrying ~1000 x the activation sums, which cost precision over a
+    // 128-deep slot). Warp w owns chunk w: per step, MMA h takes tile h of
+    // every chunk, and a lane's four tiles are its Marlin unit (one 16-byte
+    // load; two for 8-bit codes).
     float part[4][W::m8][4];
-    float corr[W::m8][4];
     const int my_chunk = wg_warp;
+    uint32_t scales[4] = {F::N::kOne, F::N::kOne, F::N::kOne, F::N::kOne};
 #pragma unroll 1
     while (i < count) {
       const int run_end = i + min(count - i, k_tiles - c_kt);
       zero_acc();
-      bool open = true;  // the next slot of this warpgroup starts a window
-      // Channelwise: unit pairs (the epilogue scales).
-      uint32_t scales[4] = {F::N::kOne, F::N::kOne, F::N::kOne, F::N::kOne};
-      uint32_t zero = 0u;
 #pragma unroll 1
       for (; i < run_end; ++i) {
         if (i % W::groups != group) continue;
-        // A window per slot (grouped: its single group row; offset images: see
-        // above); otherwise one window for the warpgroup's whole run.
-        const bool close = grouped || kCorrect || i + W::groups >= run_end;
         const Slot sl = await_slot(i);
+        uint32_t zeros[4] = {0u, 0u, 0u, 0u};  // {E + z(c), E + z(c+8)} of tile h
+        if constexpr (F::zero_points) {
+          const uint32_t zw = reinterpret_cast<const uint32_t*>(sl.z + my_chunk * 2)[lane >> 2];
+#pragma unroll
+          for (int h = 0; h < 4; ++h) zeros[h] = F::zero_pair(zw, h);
+        }
         uint32_t w[W::k_rows][4 * F::words];
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row)
           unit_words<F::words>(sl.b + (row * W::n_chunks + my_chunk) * 32 * W::b_words + lane * W::b_words, w[row]);
-        // Step by step: a step's images are made while the previous step's
-        // MMAs run (two fragment sets, alternating).
-        Frag16x16 fr[2][4];
+        Frag16x16 fr[2][4];  // two fragment sets, alternating by step
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row) {
 #pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            Frag16x16 unused;
-            F::template images<false>(w[row] + h * F::words, fr[row & 1][h], unused);
-          }
+          for (int h = 0; h < 4; ++h) fr[row & 1][h] = F::dequant(w[row] + h * F::words, zeros[h]);
           wgmma::fence();
-          const int keep = open && row == 0 ? 0 : 1;  // a window's first MMA overwrites the partials
 #pragma unroll
-          for (int h = 0; h < 4; ++h)
-            wgmma::mma_m64k16<W::m_rows, kBf16>(part[h], fr[row & 1][h].r, sl.desc + 2 * row, keep);
-          if constexpr (kCorrect) wgmma::mma_m64k16<W::m_rows, kBf16>(corr, correction.r, sl.desc + 2 * row, keep);
+          for (int h = 0; h < 4; ++h)  // the slot's first step overwrites the partials
+            wgmma::mma_m64k16<W::m_rows, kBf16>(part[h], fr[row & 1][h].r, step_desc(sl.desc, row), row > 0);
           wgmma::commit();
           if (row + 1 < W::k_rows) wgmma::wait<1>();  // the previous step's fragments are free again
         }
-        if (close) {  // the window's group row is row 0 of its last slot
-          if (grouped) {
-            const int4 sc = sl.s[my_chunk * 8 + (lane >> 2)];
-            scales[0] = sc.x;
-            scales[1] = sc.y;
-            scales[2] = sc.z;
-            scales[3] = sc.w;
-          }
-          if constexpr (F::zero_points) zero = reinterpret_cast<const uint32_t*>(sl.z + my_chunk * 2)[lane >> 2];
+        if (grouped) {  // the slot's group is its scale row 0
+          const int4 sc = sl.s[my_chunk * 8 + (lane >> 2)];
+          scales[0] = sc.x;
+          scales[1] = sc.y;
+          scales[2] = sc.z;
+          scales[3] = sc.w;
         }
         wgmma::wait<0>();
         mbar::arrive(empty + sl.index);
-        if (close) fold_images<F>(acc, part, corr, scales, zero);
-        open = close;
+        fold_scaled<F>(acc, part, scales);
       }
       i = run_end;
       finish_column(u_begin + i - 1, acc);
@@ -502,7 +494,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
             fragments(sw[row], f[row]);
           wgmma::fence();
 #pragma unroll
-          for (int h = 0; h < kTiles; ++h) wgmma::mma_m64k16<W::m_rows, kBf16>(acc[h], f[row][h].r, sl.desc + 2 * row);
+          for (int h = 0; h < kTiles; ++h) wgmma::mma_m64k16<W::m_rows, kBf16>(acc[h], f[row][h].r, step_desc(sl.desc, row));
           wgmma::commit();
           wgmma::wait<kPending>();
           // The previous slot's last step has retired once kPending newer ones were issued.
@@ -523,17 +515,17 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #endif
 }
 
-template <int Tokens, class F, bool Images, bool RowGroups = false>
+template <int Tokens, class F, bool WholeSlots, bool RowGroups = false>
 cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
-  using W = WideTile<Tokens, F::bits, Images ? 3 : 2, RowGroups>;
-  return launch_resident<wide_kernel<W, F, Images>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile,
-                                                                  args, launch, stage);
+  using W = WideTile<Tokens, F::bits, WholeSlots ? 3 : 2, RowGroups>;
+  return launch_resident<wide_kernel<W, F, WholeSlots>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile,
+                                                                      W::k_tile, args, launch, stage);
 }
 
-// Image mode serves 16-row slabs with groups of at least one slot (64) or
-// channelwise scales. 8-bit weights with groups of 32, and bf16 8-bit codes
-// (two images per code), dequantise in the 16-row tile; 4-bit weights with
-// groups of 32 are not built for it (the planner keeps them on the 8-warp kernel).
+// 16-row slabs take whole slots where each slot lies inside one group (groups
+// at least a slot deep) or channelwise; 8-bit weights with groups of 32
+// dequantise in the 16-row tile; 4-bit weights with shorter groups are not
+// built for it (the planner keeps them on the 8-warp kernel).
 template <int Tokens, class F>
 cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
   // K-sharded act-order (integer weights): dequantisation mode, slabs of 64+ rows.
@@ -542,11 +534,12 @@ cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
       return launch_wide_kernel<Tokens, F, false, true>(args, launch, stage);
     return cudaErrorInvalidValue;
   }
-  constexpr bool kImages = Tokens <= 16 && !F::two_images && !F::e8m0_scales;
-  // 16-row dequantisation: only INT8 (U8B128) reaches it (groups of 32; bf16).
+  constexpr bool kWholeSlots = Tokens <= 16 && !F::e8m0_scales;
   constexpr bool kDequant = Tokens > 16 || (F::bits == 8 && F::const_correction);
-  if constexpr (kImages) {
-    if (args.group_shift < 0 || args.group_shift >= 6) return launch_wide_kernel<Tokens, F, true>(args, launch, stage);
+  if constexpr (kWholeSlots) {
+    constexpr int kSlotShift = log2_exact(WideTile<Tokens, F::bits>::k_tile);
+    if (args.group_shift < 0 || args.group_shift >= kSlotShift)
+      return launch_wide_kernel<Tokens, F, true>(args, launch, stage);
   }
   if constexpr (kDequant) return launch_wide_kernel<Tokens, F, false>(args, launch, stage);
   return cudaErrorInvalidValue;

@@ -9,7 +9,7 @@ namespace ferrum::dense {
 // Shared memory the wide kernel may use per block (Hopper opt-in maximum).
 constexpr size_t kWideSmemBudget = 227 * 1024;
 
-// Groups: consumer warpgroups (two; three for the image mode of 16-row slabs,
+// Groups: consumer warpgroups (two; three for the whole-slot mode of 16-row slabs,
 // whose warpgroups take whole slots in turn). Slabs of 256 rows: each of the
 // two consumer warpgroups owns one 64-column chunk (a 128 x 256 tile whose
 // m64n256 MMAs need half the dequantisation per product of two m64n128);
@@ -26,8 +26,14 @@ struct WideTile {
   static constexpr int chunks_per_group = Tokens == 256 ? 1 : 2;  // dequantisation mode
   static constexpr int n_chunks = Tokens == 256 ? 2 : 4;
   static constexpr int n_tile = 64 * n_chunks;
-  static constexpr int k_rows = 4;  // one 128-byte swizzle atom of activations
-  static constexpr int k_tile = 64;
+  // 16-deep k rows per slot. 4-bit weights of 16-row slabs take 128-deep
+  // slots: their slots are a weight stream whose per-slot costs (the
+  // copier's issue, barriers, the fold) limited them at 64.
+  static constexpr int k_rows = Tokens == 16 && Bits == 4 ? 8 : 4;
+  static constexpr int k_tile = 16 * k_rows;
+  // Activations: one 128-byte swizzle atom (64 k) per row and atom, atoms
+  // one after the other (atom h of a slot at h * m_rows * 8 int4).
+  static constexpr int k_atoms = k_tile / 64;
   static constexpr int b_words = Bits / 4;
   static constexpr int producers = 128;
   static constexpr int groups = Groups;
@@ -41,7 +47,7 @@ struct WideTile {
   // Per slot, in 16-byte units. Groups of 32 put two scale rows into a slot;
   // row groups a window of eight.
   static constexpr int s_rows = RowGroups ? 8 : 2;
-  static constexpr int a_stage = Tokens * 8;
+  static constexpr int a_stage = Tokens * 8 * k_atoms;
   static constexpr int b_stage = k_rows * n_chunks * 32 * b_words;
   static constexpr int s_stage = s_rows * n_chunks * 8;
   static constexpr int z_stage = s_rows * n_chunks * 2;
