@@ -104,7 +104,7 @@ TileInfo tile_info(int m8, NConfig nc, int bits) {
 // two blocks per SM) take 16 KB 4-bit weight stages; otherwise 128x128 tiles
 // keep many columns and short k runs. 64-row slabs prefer 256 columns per
 // tile, which halves the activation traffic per weight byte.
-NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType w, bool hopper) {
+NConfig auto_config(int m, int n, int k, int group_size, int sms, WType w, bool hopper) {
   const int m8 = slab_m8(m);
   const int bits = weight_bits(w);
   if (hopper && n % 256 == 0 && k % 64 == 0) {
@@ -117,13 +117,11 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType
     if (m > 16) return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
     // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
     // the 8-warp kernel; at 8 rows and below it is not faster), where its
-    // image mode folds a slot's partials per group (groups at least a slot
-    // deep: 64 for 8-bit, 128 for 4-bit) or channelwise, or where it
-    // dequantises (bf16 INT8, INT8 groups of 32). Shorter 4-bit groups stay
-    // on the 8-warp kernel (not built for the tile).
-    const bool dequantised = w == WType::U8B128 && (a == AType::BF16 || group_size == 32);
-    const int slot_depth = tile_info(1, NConfig::WIDE_T16, bits).k_tile;
-    if (m > 8 && (group_size < 0 || group_size >= slot_depth || dequantised)) return NConfig::WIDE_T16;
+    // whole slots fold their partials per group of 64 or more or
+    // channelwise, or where it dequantises (INT8 groups of 32). 4-bit groups
+    // of 32 stay on the 8-warp kernel (not built for the tile).
+    if (m > 8 && (group_size < 0 || group_size >= 64 || (w == WType::U8B128 && group_size == 32)))
+      return NConfig::WIDE_T16;
   }
   if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
   if (bits == 4 && m8 <= kDeepTileMaxM8 && n % 256 == 0 &&

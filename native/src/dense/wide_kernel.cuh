@@ -37,7 +37,7 @@
 
 namespace ferrum::dense {
 
-template <class W, class F, bool WholeSlots>
+template <class W, class F, bool WholeSlots, bool TwoWindows = false>
 __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #ifdef FERRUM_WGMMA_AVAILABLE
   constexpr bool kBf16 = F::bf16;
@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   // not lap it (its next slot is at most `groups` fills ahead).
   static_assert(!WholeSlots || kStages >= W::groups, "more slots than consumer warpgroups");
   static_assert(WholeSlots || W::groups == 2, "dequantisation mode: two warpgroups of W::chunks_per_group chunks");
+  static_assert(!TwoWindows || (WholeSlots && W::k_tile == 128), "two 64-deep group windows per 128-deep slot");
   // Dequantisation mode: MMAs (weight tiles per lane) per warpgroup and step.
   constexpr int kTiles = W::chunks_per_group;
   // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
@@ -416,6 +417,18 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     float part[4][W::m8][4];
     const int my_chunk = wg_warp;
     uint32_t scales[4] = {F::N::kOne, F::N::kOne, F::N::kOne, F::N::kOne};
+    // Groups of 64 in a 128-deep slot: two windows, each folded with its scale row.
+    constexpr int window = TwoWindows ? W::k_rows / 2 : W::k_rows;
+    auto fold_window = [&](const Slot& sl, int s_row) {
+      if (grouped) {
+        const int4 sc = sl.s[(s_row * W::n_chunks + my_chunk) * 8 + (lane >> 2)];
+        scales[0] = sc.x;
+        scales[1] = sc.y;
+        scales[2] = sc.z;
+        scales[3] = sc.w;
+      }
+      fold_scaled<F>(acc, part, scales);
+    };
 #pragma unroll 1
     while (i < count) {
       const int run_end = i + min(count - i, k_tiles - c_kt);
@@ -424,12 +437,15 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
       for (; i < run_end; ++i) {
         if (i % W::groups != group) continue;
         const Slot sl = await_slot(i);
-        uint32_t zeros[4] = {0u, 0u, 0u, 0u};  // {E + z(c), E + z(c+8)} of tile h
-        if constexpr (F::zero_points) {
-          const uint32_t zw = reinterpret_cast<const uint32_t*>(sl.z + my_chunk * 2)[lane >> 2];
+        uint32_t zeros[4] = {0u, 0u, 0u, 0u};  // {E + z(c), E + z(c+8)} of tile h, window's group
+        auto load_zeros = [&](int z_row) {
+          if constexpr (F::zero_points) {
+            const uint32_t zw = reinterpret_cast<const uint32_t*>(sl.z + (z_row * W::n_chunks + my_chunk) * 2)[lane >> 2];
 #pragma unroll
-          for (int h = 0; h < 4; ++h) zeros[h] = F::zero_pair(zw, h);
-        }
+            for (int h = 0; h < 4; ++h) zeros[h] = F::zero_pair(zw, h);
+          }
+        };
+        load_zeros(0);
         uint32_t w[W::k_rows][4 * F::words];
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row)
@@ -441,21 +457,24 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
           for (int h = 0; h < 4; ++h) fr[row & 1][h] = F::dequant(w[row] + h * F::words, zeros[h]);
           wgmma::fence();
 #pragma unroll
-          for (int h = 0; h < 4; ++h)  // the slot's first step overwrites the partials
-            wgmma::mma_m64k16<W::m_rows, kBf16>(part[h], fr[row & 1][h].r, step_desc(sl.desc, row), row > 0);
+          for (int h = 0; h < 4; ++h)  // a window's first step overwrites the partials
+            wgmma::mma_m64k16<W::m_rows, kBf16>(part[h], fr[row & 1][h].r, step_desc(sl.desc, row), row % window);
           wgmma::commit();
-          if (row + 1 < W::k_rows) wgmma::wait<1>();  // the previous step's fragments are free again
-        }
-        if (grouped) {  // the slot's group is its scale row 0
-          const int4 sc = sl.s[my_chunk * 8 + (lane >> 2)];
-          scales[0] = sc.x;
-          scales[1] = sc.y;
-          scales[2] = sc.z;
-          scales[3] = sc.w;
+          if (row + 1 < W::k_rows) {
+            if constexpr (TwoWindows) {
+              if (row + 1 == window) {  // the first of two windows
+                wgmma::wait<0>();
+                fold_window(sl, 0);
+                load_zeros(1);
+                continue;
+              }
+            }
+            wgmma::wait<1>();  // the previous step's fragments are free again
+          }
         }
         wgmma::wait<0>();
         mbar::arrive(empty + sl.index);
-        fold_scaled<F>(acc, part, scales);
+        fold_window(sl, W::k_rows / window - 1);
       }
       i = run_end;
       finish_column(u_begin + i - 1, acc);
@@ -515,17 +534,18 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #endif
 }
 
-template <int Tokens, class F, bool WholeSlots, bool RowGroups = false>
+template <int Tokens, class F, bool WholeSlots, bool RowGroups = false, bool TwoWindows = false>
 cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
   using W = WideTile<Tokens, F::bits, WholeSlots ? 3 : 2, RowGroups>;
-  return launch_resident<wide_kernel<W, F, WholeSlots>, Route::Dense>(W::threads, W::smem_bytes, 1, W::n_tile,
-                                                                      W::k_tile, args, launch, stage);
+  return launch_resident<wide_kernel<W, F, WholeSlots, TwoWindows>, Route::Dense>(W::threads, W::smem_bytes, 1,
+                                                                                  W::n_tile, W::k_tile, args, launch,
+                                                                                  stage);
 }
 
-// 16-row slabs take whole slots where each slot lies inside one group (groups
-// at least a slot deep) or channelwise; 8-bit weights with groups of 32
-// dequantise in the 16-row tile; 4-bit weights with shorter groups are not
-// built for it (the planner keeps them on the 8-warp kernel).
+// 16-row slabs take whole slots with groups of 64 or more (one window per
+// group) or channelwise; 8-bit weights with groups of 32 dequantise in the
+// 16-row tile; 4-bit weights with groups of 32 are not built for it (the
+// planner keeps them on the 8-warp kernel).
 template <int Tokens, class F>
 cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
   // K-sharded act-order (integer weights): dequantisation mode, slabs of 64+ rows.
@@ -540,6 +560,9 @@ cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
     constexpr int kSlotShift = log2_exact(WideTile<Tokens, F::bits>::k_tile);
     if (args.group_shift < 0 || args.group_shift >= kSlotShift)
       return launch_wide_kernel<Tokens, F, true>(args, launch, stage);
+    // A kernel of its own: the window test costs the one-window kernel registers (spills).
+    if constexpr (kSlotShift == 7)
+      if (args.group_shift == 6) return launch_wide_kernel<Tokens, F, true, false, true>(args, launch, stage);
   }
   if constexpr (kDequant) return launch_wide_kernel<Tokens, F, false>(args, launch, stage);
   return cudaErrorInvalidValue;
