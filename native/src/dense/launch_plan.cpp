@@ -48,6 +48,7 @@ template <int Bits>
 TileInfo info_bits(int m8, NConfig nc) {
   switch (nc) {
     case NConfig::WIDE_T16: return info_wide<16, Bits>();
+    case NConfig::WIDE_T32: return info_wide<32, Bits>();
     case NConfig::WIDE_T64: return info_wide<64, Bits>();
     case NConfig::WIDE_T128: return info_wide<128, Bits>();
     case NConfig::WIDE_T256: return info_wide<256, Bits>();
@@ -63,7 +64,7 @@ TileInfo info_bits(int m8, NConfig nc) {
 
 template <AType A, WType W>
 cudaError_t launch_format(int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
-  if (nc == NConfig::WIDE_T16 || nc == NConfig::WIDE_T64 || nc == NConfig::WIDE_T128 || nc == NConfig::WIDE_T256)
+  if (is_wide(nc))
     return launch_wide<A, W>(tile_info(1, nc, weight_bits(W)).m_rows, args, launch, stage);
   switch (m8) {
     case 1: return launch_slab<A, W, 1>(nc, args, launch, stage);
@@ -114,7 +115,11 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, WType w, bool 
     // (k = 28672, m = 1024: 59 MB of A) it cost 4 %.
     constexpr int64_t kActivationsInL2 = 32ll << 20;  // bytes
     if (m > 128 && static_cast<int64_t>(m) * k * 2 <= kActivationsInL2) return NConfig::WIDE_T256;
-    if (m > 16) return m > 64 ? NConfig::WIDE_T128 : NConfig::WIDE_T64;
+    if (m > 64) return NConfig::WIDE_T128;
+    // 17..32 rows: 32-row slabs halve the MMA work of 64-row ones; on long k
+    // runs that pays (H200, m = 24..32: 3-7 % on k >= 8192), on k = 4096 with
+    // wide n it cost 1-2 % (4096 x 14336, 4096 x 28672).
+    if (m > 16) return m > 32 || k < 8192 ? NConfig::WIDE_T64 : NConfig::WIDE_T32;
     // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
     // the 8-warp kernel; at 8 rows and below it is not faster), where its
     // whole slots fold their partials per group of 64 or more or
@@ -135,9 +140,7 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, WType w, bool 
 bool fit_shared_memory(int max_smem, int bits, bool may_change_tile, NConfig* nc, int* m8) {
   auto fits = [&] { return tile_info(*m8, *nc, bits).smem_bytes <= static_cast<size_t>(max_smem); };
   if (fits()) return true;
-  if (*nc == NConfig::N256_K64_WGMMA || *nc == NConfig::WIDE_T16 || *nc == NConfig::WIDE_T64 ||
-      *nc == NConfig::WIDE_T128 || *nc == NConfig::WIDE_T256)
-    return false;  // Hopper tiles, sized for Hopper
+  if (*nc == NConfig::N256_K64_WGMMA || is_wide(*nc)) return false;  // Hopper tiles, sized for Hopper
   if (*nc == NConfig::N256_K128 && may_change_tile) {
     *nc = NConfig::N128_K128;
     if (fits()) return true;

@@ -206,11 +206,11 @@ int mm(const FerrumMarlinLaunch* launch) {
   if (int st = check_capacities(l, facts.sms)) return st;
   if (k_sharded) {
     // Slabs over 16 rows on Hopper: the warp-specialised kernel's dequantising
-    // tiles (it has no row-group image mode); otherwise the 8-warp tile.
+    // tiles (16-row slabs have no row-group mode); otherwise the 8-warp tile.
     nc = NConfig::N128_K128_ROW_GROUPS;
     if (!forced && l.m > 16) {
       const NConfig wide = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, w_type, facts.hopper);
-      if (wide == NConfig::WIDE_T64 || wide == NConfig::WIDE_T128 || wide == NConfig::WIDE_T256) nc = wide;
+      if (is_wide(wide)) nc = wide;
     }
   } else if (!forced) {
     nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, w_type, facts.hopper);

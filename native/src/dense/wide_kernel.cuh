@@ -574,6 +574,7 @@ cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage
   using F = Format<A, Wt>;
   switch (tokens) {
     case 16: return launch_wide_tile<16, F>(args, launch, stage);
+    case 32: return launch_wide_tile<32, F>(args, launch, stage);
     case 64: return launch_wide_tile<64, F>(args, launch, stage);
     case 128: return launch_wide_tile<128, F>(args, launch, stage);
     case 256: return launch_wide_tile<256, F>(args, launch, stage);

@@ -19,8 +19,8 @@ constexpr size_t kWideSmemBudget = 227 * 1024;
 template <int Tokens, int Bits, int Groups = 2, bool RowGroups = false>
 struct WideTile {
   static_assert(Groups == 2 || (Groups == 3 && Tokens == 16), "three consumer warpgroups serve 16-row slabs");
-  static_assert(Tokens == 16 || Tokens == 64 || Tokens == 128 || Tokens == 256,
-                "warpgroup MMA widths built: 16, 64, 128 and 256 tokens");
+  static_assert(Tokens == 16 || Tokens == 32 || Tokens == 64 || Tokens == 128 || Tokens == 256,
+                "warpgroup MMA widths built: 16, 32, 64, 128 and 256 tokens");
   static constexpr int m_rows = Tokens;  // activation rows per slab = MMA n
   static constexpr int m8 = Tokens / 8;
   static constexpr int chunks_per_group = Tokens == 256 ? 1 : 2;  // dequantisation mode
@@ -61,9 +61,9 @@ struct WideTile {
   static constexpr int red_stride = part_cols + 4;
   static constexpr size_t red_bytes = 4 * static_cast<size_t>(Tokens) * red_stride;
   static constexpr size_t stage_bytes = 16 * static_cast<size_t>(a_stage + b_stage + s_stage + z_stage + g_stage);
-  // Slabs of 16 rows are a weight stream: small slots, many of them in
-  // flight; taller slabs keep six (more buys nothing once the MMAs limit).
-  static constexpr int max_stages = Tokens <= 16 ? 16 : 6;
+  // Slabs of 16 and 32 rows are a weight stream: small slots, many of them
+  // in flight; taller slabs keep six (more buys nothing once the MMAs limit).
+  static constexpr int max_stages = Tokens <= 32 ? 16 : 6;
   static constexpr size_t tail_bytes = 2 * 8 * max_stages + 16;  // two barriers per slot and a flag
   static constexpr int stages_fit = static_cast<int>((kWideSmemBudget - red_bytes - tail_bytes) / stage_bytes);
   static constexpr int stages = stages_fit > max_stages ? max_stages : stages_fit;
