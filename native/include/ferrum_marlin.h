@@ -173,10 +173,11 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  *   thread_k/thread_n -1/-1 (automatic) or a tile override: (128,128), (64,256),
  *   (128,64), or (128,256) when m <= 16; K_FULL clear: -1/-1 or (128,128).
  *   Automatic on Hopper (sm_90a build) with n % 256 == 0 and k % 64 == 0, for
- *   m > 16 and (K_FULL set) for m = 9..16 with groups of 64 or more, FP8, bf16
- *   INT8 or INT8 groups of 32:
- *   a warp-specialised warpgroup-MMA kernel (256 x 64 tiles; 128 x 64 tiles of
- *   256-row slabs for m > 128 while m * k * 2 <= 32 MB; 384 or 512 threads,
+ *   m > 16 and (K_FULL set) for m = 9..16 with group_size -1 or >= 64 (INT8
+ *   also 32): a warp-specialised warpgroup-MMA kernel (256 x 64 tiles, 256 x
+ *   128 for 4-bit weights in 16-row slabs; slabs of 16, 32 (k >= 8192), 64 or
+ *   128 rows; 128 x 64 tiles of 256-row slabs for m > 128 while
+ *   m * k * 2 <= 32 MB; 384 or 512 threads,
  *   one block per SM; same workspace and c_tmp bounds); an override always
  *   selects the 8-warp kernel's tile. On a device with less shared memory per
  *   block than the chosen tile needs (sm_86/89: ~99 KB) the same tile runs
