@@ -155,6 +155,7 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t 
 #undef FERRUM_WGMMA_D4
 #undef FERRUM_WGMMA_TEXT
 #undef FERRUM_WGMMA_R0_7
+#undef FERRUM_WGMMA_R8_15
 #undef FERRUM_WGMMA_R8_31
 #undef FERRUM_WGMMA_R32_63
 #undef FERRUM_WGMMA_R64_127
@@ -164,6 +165,8 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t 
 #undef FERRUM_WGMMA_D16_31
 #undef FERRUM_WGMMA_N16_TEXT
 #undef FERRUM_WGMMA_N16_OUTS
+#undef FERRUM_WGMMA_N32_TEXT
+#undef FERRUM_WGMMA_N32_OUTS
 #undef FERRUM_WGMMA_N64_TEXT
 #undef FERRUM_WGMMA_N64_OUTS
 #undef FERRUM_WGMMA_N128_TEXT

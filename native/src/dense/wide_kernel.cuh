@@ -106,7 +106,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     // everything per thread is fixed up front and a slot costs a few adds per
     // copy: B copy j is element tid + 128 j of the slot's k rows (row
     // (tid + 128 j) / kBRowInt4, unit (tid + 128 j) % kBRowInt4); A copy j is
-    // row tid / 8 + 16 j, 16-byte unit tid % 8.
+    // row tid / 8 + 16 (j % per-atom copies), 16-byte unit tid % 8, of the
+    // swizzle atom j / per-atom copies (64 k each).
     // B copy 0 of this thread: element tid of the slot's rows of kBRowInt4
     // (a 128-column tile's rows are shorter than the 128 producers).
     const int b_first = (tid / kBRowInt4) * p.b_row_int4 + tid % kBRowInt4;
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     auto seek = [&]() {
       pb = gB + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 + b_first;
       pa = gA + (static_cast<size_t>(slab) * W::m_rows + a_row0) * p.a_row_int4 + kt * (W::k_tile / 8) + a_unit;
-      rows_left = p.m - slab * W::m_rows - a_row0;  // copy j is live while 16 j < rows_left
+      rows_left = p.m - slab * W::m_rows - a_row0;  // a copy 16 r rows further is live while 16 r < rows_left
     };
     seek();
     // Row groups: the first group of the next slot (its scale window starts
@@ -406,9 +407,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     // take whole slots in turn (slot i: warpgroup i mod 3), three slots in
     // work at once, each a step-by-step pipeline: a step's exact values
     // (q - zero, formats.cuh; no scale) are made while the previous step's
-    // MMAs run, and the slot's fp32 partials are scaled once, when its MMAs
-    // have retired (groups are at least a slot deep; channelwise: unit
-    // scales here, the epilogue applies the real ones). Exact values need no
+    // MMAs run, and the slot's fp32 partials are scaled once per group
+    // window, when its MMAs have retired (a window is the slot, or half of a
+    // 128-deep slot for groups of 64; channelwise: unit scales here, the
+    // epilogue applies the real ones). Exact values need no
     // correction MMA (raw images would: one more MMA per step, and partials
     // carrying ~1000 x the activation sums, which cost precision over a
     // 128-deep slot). Warp w owns chunk w: per step, MMA h takes tile h of
@@ -419,7 +421,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     uint32_t scales[4] = {F::N::kOne, F::N::kOne, F::N::kOne, F::N::kOne};
     // Groups of 64 in a 128-deep slot: two windows, each folded with its scale row.
     constexpr int window = TwoWindows ? W::k_rows / 2 : W::k_rows;
-    auto fold_window = [&](const Slot& sl, int s_row) {
+    // A window's scale pairs, read while the slot is still this warpgroup's.
+    auto read_scales = [&](const Slot& sl, int s_row) {
       if (grouped) {
         const int4 sc = sl.s[(s_row * W::n_chunks + my_chunk) * 8 + (lane >> 2)];
         scales[0] = sc.x;
@@ -427,7 +430,6 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         scales[2] = sc.z;
         scales[3] = sc.w;
       }
-      fold_scaled<F>(acc, part, scales);
     };
 #pragma unroll 1
     while (i < count) {
@@ -464,7 +466,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
             if constexpr (TwoWindows) {
               if (row + 1 == window) {  // the first of two windows
                 wgmma::wait<0>();
-                fold_window(sl, 0);
+                read_scales(sl, 0);
+                fold_scaled<F>(acc, part, scales);
                 load_zeros(1);
                 continue;
               }
@@ -472,9 +475,12 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
             wgmma::wait<1>();  // the previous step's fragments are free again
           }
         }
+        // The last window's scales come out of the slot before it is handed
+        // back: once every consumer arrived, the copier may refill it.
+        read_scales(sl, W::k_rows / window - 1);
         wgmma::wait<0>();
         mbar::arrive(empty + sl.index);
-        fold_window(sl, W::k_rows / window - 1);
+        fold_scaled<F>(acc, part, scales);
       }
       i = run_end;
       finish_column(u_begin + i - 1, acc);
@@ -548,7 +554,7 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
 // planner keeps them on the 8-warp kernel).
 template <int Tokens, class F>
 cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
-  // K-sharded act-order (integer weights): dequantisation mode, slabs of 64+ rows.
+  // K-sharded act-order (integer weights): dequantisation mode, slabs of 32+ rows.
   if (args.row_groups != nullptr) {
     if constexpr (Tokens > 16 && (F::const_correction || F::zero_points))
       return launch_wide_kernel<Tokens, F, false, true>(args, launch, stage);
@@ -568,7 +574,7 @@ cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
   return cudaErrorInvalidValue;
 }
 
-// The wide kernels of one format: slabs of 16, 64, 128 or 256 activation rows.
+// The wide kernels of one format: slabs of 16, 32, 64, 128 or 256 activation rows.
 template <AType A, WType Wt>
 cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage) {
   using F = Format<A, Wt>;
