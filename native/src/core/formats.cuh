@@ -12,15 +12,18 @@
 // Fragment registers {r0, r1, r2, r3} of mma.m16n8k16 are (c; k, k+1),
 // (c+8; k, k+1), (c; k+8, k+9), (c+8; k+8, k+9).
 //
-// Two ways to turn codes into products, chosen per slab height by the kernel:
+// Ways to turn codes into products, chosen per kernel and slab height:
 // * dequant(): exact values (q - zero), then scaled in fp16/bf16 and one MMA:
-//   the tensor cores are the bottleneck for tall slabs, so no extra MMAs.
+//   the tensor cores are the bottleneck for tall slabs, so no extra MMAs. The
+//   warp-specialised kernel's 16-row tile multiplies them unscaled and scales
+//   each slot's fp32 partials (fold_scaled).
 // * images(): the raw fp16/bf16 image of each code, made by bit operations
 //   only (no floating-point work), multiplied as is; the affine part is
 //   removed by one more MMA per k step with a constant correction fragment
 //   (for zero points: the activation sums, weighed per column in fp32), and
-//   scales are applied to the fp32 partial sums. For short slabs the fp16 pipe, not the tensor cores, limits
-//   the kernel, and this moves nearly all of its work to the idle MMA units.
+//   scales are applied to the fp32 partial sums (fold_images). For the 8-warp
+//   kernel's short slabs the fp16 pipe, not the tensor cores, limits, and
+//   this moves nearly all of its work to the idle MMA units.
 #pragma once
 
 #include "numeric.cuh"
