@@ -109,7 +109,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     if constexpr (R == Route::Sorted) return slab >= slabs || slab_expert(slab) < 0;
     return slab >= slabs;
   };
-  const bool grouped = p.group_shift >= 0;
+  // MXFP4 fixes its groups at 32 values: a constant lets the compiler resolve
+  // every group window of the hot loop at compile time.
+  const int group_shift = F::e8m0_scales ? 5 : p.group_shift;
+  const bool grouped = group_shift >= 0;
   constexpr bool kRowGroups = G == Groups::Rows;
   static_assert(!kRowGroups || (R == Route::Dense && !T::wgmma), "row groups: dense 8-warp tiles only");
   static_assert(kRowGroups == (T::g_stage > 0), "row groups need a tile that stages g_idx");
@@ -146,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     a_dst[i] = (unit >> 3) * (T::m_rows * 8) + r * 8 + ((unit & 7) ^ (r & 7));
   }
   // Scale rows per stage: k_tile / group (group <= k_tile) or 1.
-  const int s_rows = grouped && T::k_tile > (1 << p.group_shift) ? T::k_tile >> p.group_shift : 1;
+  const int s_rows = grouped && T::k_tile > (1 << group_shift) ? T::k_tile >> group_shift : 1;
   const int s_row_int4 = p.s_row_halves * F::scale_bytes / 16;
   // 16-byte scale units per 64-column chunk and group row.
   constexpr int kSChunkInt4 = 4 * F::scale_bytes;
@@ -164,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   }
   const int s_copies = grouped && !kRowGroups ? s_rows * (T::n_chunks * kSChunkInt4) : 0;
   // Zero points follow the scales' group rows (one row when channelwise).
-  const int z_shift = grouped ? p.group_shift : 30;
+  const int z_shift = grouped ? group_shift : 30;
   const int z_copies = F::zero_points && !kRowGroups ? s_rows * (T::n_chunks * 2) : 0;
   const size_t b_step = static_cast<size_t>(T::k_rows) * p.b_row_int4;
   const int4* pb[kBCopies];
@@ -262,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     if (tid < s_copies) {
       const int r = tid / (T::n_chunks * kSChunkInt4);
       const int off = tid % (T::n_chunks * kSChunkInt4);
-      const int group_row = ((f_kt * T::k_tile) >> p.group_shift) + r;
+      const int group_row = ((f_kt * T::k_tile) >> group_shift) + r;
       ps = gS + e * (p.route.s_expert_bytes / 16) + static_cast<size_t>(group_row) * s_row_int4 +
            f_c * (T::n_chunks * kSChunkInt4) + off;
     }
@@ -321,8 +324,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     if (tid < s_copies) {
       const int r = tid / (T::n_chunks * kSChunkInt4);
       const int chunk = (tid % (T::n_chunks * kSChunkInt4)) / kSChunkInt4;
-      const int group_row = ((f_kt * T::k_tile) >> p.group_shift) + r;
-      const bool ok = chunk < chunks && (group_row << p.group_shift) < p.k;
+      const int group_row = ((f_kt * T::k_tile) >> group_shift) + r;
+      const bool ok = chunk < chunks && (group_row << group_shift) < p.k;
       ptx::cp_async16_or_zero(sh_s + slot * T::s_stage + tid, ok ? ps : gS, ok);
     }
     if (tid < z_copies) {
@@ -364,8 +367,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 #pragma unroll
       for (int i = 0; i < kACopies; ++i) pa[i] += a_step[i];
       if (tid < s_copies) {
-        const int rows_before = ((f_kt - 1) * T::k_tile) >> p.group_shift;
-        ps += static_cast<size_t>(((f_kt * T::k_tile) >> p.group_shift) - rows_before) * s_row_int4;
+        const int rows_before = ((f_kt - 1) * T::k_tile) >> group_shift;
+        ps += static_cast<size_t>(((f_kt * T::k_tile) >> group_shift) - rows_before) * s_row_int4;
       }
       if (tid < z_copies) {
         const int rows_before = ((f_kt - 1) * T::k_tile) >> z_shift;
@@ -553,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         // a group's steps share one window and its scales are applied once per
         // group (per warp share of it), not once per step.
         constexpr bool kPerRow = G == Groups::StagedShort;
-        const int group_mask = kPerRow ? (1 << (p.group_shift - 4)) - 1 : 0;  // k steps per group - 1
+        const int group_mask = kPerRow ? (1 << (group_shift - 4)) - 1 : 0;  // k steps per group - 1
         const int row0 = kPerRow ? warp_k * T::rows_per_warp : warp_k;
         const int row_stride = kPerRow ? 1 : T::warps_k;
         const int a_base = activation_base(row0);
@@ -655,14 +658,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   using Epilogue = ColumnEpilogue<T::m_rows, T::n_tile, kThreads, F, R>;
   static_assert(Epilogue::kRedStride == T::red_stride, "one reduction tile layout");
   auto finish_column = [&](int u, bool dead) {
-    if (dead) {  // a skipped slab: nothing computed, nothing stored, no lock touched
-      zero_acc();
-      return;
-    }
     const int col = u / k_tiles;
     const int slab = col / n_tiles;
     const int c = col - slab * n_tiles;
-    const long long e = expert_of(slab);
+    const long long e = dead ? 0 : expert_of(slab);  // a slab past the routed ones has no expert to read
 
     // Accumulator (t, j, e) of lane (g, q) is C^T[n = 16t + g + 8(e/2)][m = 8j + 2q + e%2].
 #pragma unroll 1
@@ -682,8 +681,13 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       }
       __syncthreads();
     }
-    Epilogue::reduce_and_store(p, sh_red, sh_last, tid, [] { __syncthreads(); }, used_ids, slab, e, c, col, range,
-                               iters, k_tiles);
+    // A skipped slab computed nothing (its accumulators are still zero): it
+    // stores nothing and touches no lock. Its accumulators still pass through
+    // sh_red above: a path that skipped them made the compiler copy all of
+    // them at the end of every stage.
+    if (!dead)
+      Epilogue::reduce_and_store(p, sh_red, sh_last, tid, [] { __syncthreads(); }, used_ids, slab, e, c, col, range,
+                                 iters, k_tiles);
     zero_acc();
   };
 
