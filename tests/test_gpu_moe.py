@@ -774,6 +774,27 @@ def test_mxfp4_bias_only_is_bitwise_the_logical_bias(cp):
     np.testing.assert_array_equal(bits(got), bits(logical_bias))  # row r is expert r's bias
 
 
+@pytest.mark.parametrize("act_log2, scale_shift", [(40, 0), (-30, 0), (-50, 60), (50, -60), (-40, 100)],
+                         ids=["act-2^40", "act-2^-30", "scales+60", "scales-60", "scales+100"])
+@pytest.mark.parametrize("block", [8, 16, 32])
+def test_mxfp4_far_from_unit_activations_and_scales(cp, act_log2, scale_shift, block):
+    # Blocks of <= 16 rows multiply MXFP4 code images (value * 2^-126) by
+    # activations the kernel scales by 2^64 and remove the 2^-62 of their sums
+    # at the column's end; taller blocks dequantise exactly. Activations far
+    # from 1 and E8M0 scales far from 2^0 (here up to e = 224) must give
+    # the float64 reference's relative error either way. No bias: it would
+    # swamp the products when the activations are tiny.
+    experts, m, top_k, n, k = 4, 5, 2, 256, 192
+    rng = np.random.default_rng([block, act_log2 + 200, scale_shift + 200])
+    blocks, scales = quantize_mxfp4(rng.standard_normal((experts, n, k)) * 0.1)
+    scales = (scales.astype(np.int32) + scale_shift).astype(np.uint8)
+    host = MarlinMoeWeight.from_mxfp4(blocks, scales)
+    routing = route(rng, m, top_k, experts, block)
+    x = (activations(rng, m, k, np.float32) * 2.0**act_log2).astype(BF16)
+    got = run_moe(cp, host.to_device(), x, routing, block)
+    assert_rows(got, reference_rows(x, host.dequantize(), routing), TOLERANCE[BF16])
+
+
 # ---- the profile sink ---------------------------------------------------------------------------------
 
 

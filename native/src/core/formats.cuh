@@ -72,6 +72,13 @@ struct Format {
   static constexpr bool const_correction = W == WType::U4B8 || W == WType::U8B128;
   // Exponent bits OR-ed onto a nibble: fp16 1024 + q, bf16 128 + q (exact).
   static constexpr uint32_t kExp = bf16 ? 0x43004300u : 0x64006400u;
+  // MXFP4 images are value * 2^-126: products with plain activations would
+  // fall below fp32's normal range. The image path multiplies the activations
+  // by 2^64 (bf16 pair kImageActScale; exact while |a| < 2^64), so its fp32
+  // sums carry a factor 2^-62 that the column's end removes (kImageAccUnit)
+  // once, instead of one multiply by 2^126 per code pair.
+  static constexpr uint32_t kImageActScale = W == WType::FE2M1 ? 0x5f805f80u : 0u;  // 2^64
+  static constexpr float kImageAccUnit = W == WType::FE2M1 ? 0x1p62f : 1.f;
 
   // {E + z(c), E + z(c+8)} of tile t from the lane's zero-point word (nibbles
   // z0 z2 z4 z6 z1 z3 z5 z7, z_j for column c + 8j).
@@ -79,11 +86,14 @@ struct Format {
 
   __device__ static void images(const uint32_t* w, Frag16x16& f, Frag16x16& f_hi) {
     if constexpr (W == WType::FE2M1) {
-      // Nibbles as in the 4-bit layout below; sign to bit 15, e1 e0 m to bits 8..6.
-      f.r[0] = fp4_pair(w[0] << 6, w[0] << 12);
-      f.r[2] = fp4_pair(w[0] << 2, w[0] << 8);
-      f.r[1] = fp4_pair(w[0] >> 2, w[0] << 4);
-      f.r[3] = fp4_pair(w[0] >> 6, w[0]);
+      // Nibbles as in the 4-bit layout below: registers 0 and 2 take the
+      // nibbles at bits 0..3 and 4..7 of each half, 1 and 3 those at 8..11
+      // and 12..15 (brought down by one shift).
+      const uint32_t high = w[0] >> 8;
+      f.r[0] = fp4_pair(w[0] & 0x000f000fu, (1u << 6) + (1u << 12));
+      f.r[2] = fp4_pair(w[0] & 0x00f000f0u, (1u << 2) + (1u << 8));
+      f.r[1] = fp4_pair(high & 0x000f000fu, (1u << 6) + (1u << 12));
+      f.r[3] = fp4_pair(high & 0x00f000f0u, (1u << 2) + (1u << 8));
     } else if constexpr (bits == 4) {
       if constexpr (act_hi_div16) {
         // High nibbles stay in place: 1024 + 16q, exact in fp16.
@@ -188,6 +198,9 @@ struct Format {
       // (2048 + 16 hi) - 2304 + (128 + lo) = q - 128, every step exact in bf16.
 #pragma unroll
       for (int i = 0; i < 4; ++i) f.r[i] = N::add(N::sub(f_hi.r[i], 0x45104510u), f.r[i]);
+    } else if constexpr (W == WType::FE2M1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f.r[i] = N::mul(f.r[i], 0x7e807e80u);  // value * 2^-126 * 2^126, exact
     }
     return f;
   }
@@ -205,11 +218,14 @@ struct Format {
   }
 
  private:
-  // Two E2M1 codes placed as bf16 bits (sign 15, e1 e0 m 8..6) are value *
-  // 2^-126 for normals and subnormals alike; one exact multiply restores them.
-  __device__ static uint32_t fp4_pair(uint32_t magnitudes, uint32_t signs) {
-    const uint32_t image = ptx::lop3<kLop3Or>(magnitudes, 0x01c001c0u, signs & 0x80008000u);
-    return N::mul(image, 0x7e807e80u);  // 2^126
+  // Two E2M1 codes placed as bf16 bits (sign 15, e1 e0 m 8..6): value *
+  // 2^-126 for normals and subnormals alike. `nibbles` holds one code per
+  // half, alone (the rest masked off), so one integer multiply by `copies`
+  // (two powers of two, 6 bits apart) leaves two copies that never overlap:
+  // one with e1 e0 m at bits 8..6, one with the sign at bit 15; a mask keeps
+  // those.
+  __device__ static uint32_t fp4_pair(uint32_t nibbles, uint32_t copies) {
+    return (nibbles * copies) & 0x81c081c0u;
   }
 
   // E4M3 bytes 1 and 3 of `w` -> two fp16/bf16 values equal to value / 256:

@@ -563,8 +563,13 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         auto activations = [&](int row, uint32_t (&bf)[T::m8][2]) {
           load_activations(sa, a_base, 2 * (row - row0), bf);
 #pragma unroll
-          for (int j = 0; j < T::m8; ++j)
+          for (int j = 0; j < T::m8; ++j) {
             if constexpr (F::act_hi_div16) bf[j][1] = N::mul(bf[j][1], 0x2c002c00u);  // 1/16
+            if constexpr (F::kImageActScale != 0) {
+              bf[j][0] = N::mul(bf[j][0], F::kImageActScale);
+              bf[j][1] = N::mul(bf[j][1], F::kImageActScale);
+            }
+          }
         };
         // One window per stage and one correction for every column (no zero
         // points): the correction's products over the window come first and
@@ -676,7 +681,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
               const int n_local = warp_n * 64 + 16 * t + (lane >> 2) + 8 * (e >> 1);
               const int m_local = 8 * j + 2 * (lane & 3) + (e & 1);
               float* dst = sh_red + m_local * T::red_stride + n_local;
-              *dst = kw == 0 ? acc[t][j][e] : *dst + acc[t][j][e];
+              const float v = kImages ? acc[t][j][e] * F::kImageAccUnit : acc[t][j][e];
+              *dst = kw == 0 ? v : *dst + v;
             }
       }
       __syncthreads();
