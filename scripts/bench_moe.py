@@ -175,14 +175,6 @@ def rows_by_expert(ids: np.ndarray) -> dict[int, np.ndarray]:
     return {int(e): np.flatnonzero(flat == e) for e in touched_experts(flat)}
 
 
-def choose_block_size(pairs: int, touched: int) -> int:
-    """The smallest moe_block_size that holds the average rows per touched
-    expert (64 at most): small blocks waste no rows at decode, large ones
-    share each weight tile among more rows in prefill."""
-    average = pairs / max(touched, 1)
-    return next((b for b in BLOCK_SIZES if b >= average), BLOCK_SIZES[-1])
-
-
 def parse_layers(text: str) -> list[str]:
     keys = [item.strip() for item in text.replace(" ", ",").split(",") if item.strip()]
     unknown = [key for key in keys if key not in LAYERS]
@@ -442,7 +434,7 @@ class Routing:
 def device_routing(bench: Bench, layer: LayerSpec, m: int, seed: int, block: int | None) -> Routing:
     ids, weights = route(m, layer.top_k, layer.experts, seed)
     touched = int(touched_experts(ids).size)
-    block = block or choose_block_size(ids.size, touched)
+    block = block or bench.ff.moe_layer.default_block_size(m, layer.top_k, layer.experts)  # fused_moe's rule
     ids_device = bench.cp.asarray(ids)
     sorted_ids, expert_ids, count = bench.ff.moe_ops.moe_align_block_size(ids_device, layer.experts, block)
     return Routing(ids, weights, block, sorted_ids, expert_ids, count, ids_device, bench.cp.asarray(weights), touched)
@@ -729,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="routing and weights seed")
     parser.add_argument("--fp32-reduce", action="store_true", help="deterministic fp32 reduction instead of atomics")
     parser.add_argument("--block", type=int, default=None, choices=BLOCK_SIZES,
-                        help="force moe_block_size (default: the smallest holding the rows per touched expert)")
+                        help="force moe_block_size (default: fused_moe's rule, ferrum_ffi.moe_layer.default_block_size)")
     parser.add_argument("--gptoss-down-k", type=int, default=None, metavar="K",
                         help="physical K of the GPT-OSS down projection (default: the library's "
                              "mxfp4_physical_k(2880, 2880); 2944 is the original engine's padded layout)")

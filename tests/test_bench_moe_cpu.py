@@ -96,12 +96,6 @@ def test_touched_experts_bytes_and_rows(bench):
     assert sorted(np.concatenate(list(rows.values()))) == list(range(8))
 
 
-@pytest.mark.parametrize("pairs, touched, block", [(8, 8, 8), (32, 30, 8), (2048, 128, 16), (1024, 32, 32),
-                                                  (1500, 32, 48), (4096, 32, 64), (10**6, 1, 64), (0, 0, 8)])
-def test_block_size_holds_the_average_rows(bench, pairs, touched, block):
-    assert bench.choose_block_size(pairs, touched) == block
-
-
 def test_parse_layers(bench):
     assert bench.parse_layers("qwen,gptoss") == ["qwen", "gptoss"]
     assert bench.parse_layers("gptoss, qwen,gptoss") == ["gptoss", "qwen"]
