@@ -40,9 +40,9 @@ enum class Groups {
   // Group rows copied with each stage; the image path applies them once per
   // stage (groups of at least the k tile).
   Staged,
-  // The same for groups shorter than the k tile: the image path applies
-  // scales after every group's k steps (a separate instance: the branch inside
-  // the hot loop cost 8 % at m = 16).
+  // The same for groups shorter than the k tile (32 or 64 values): the image
+  // path applies scales after every two k steps (a separate instance: the
+  // branch inside the hot loop cost 8 % at m = 16).
   StagedShort,
   // K-sharded act-order (K_FULL clear): each row's group comes from the
   // sorted g_idx, so a tile may span any number of groups; the dequantising
@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     if constexpr (R == Route::Sorted) return slab >= slabs || slab_expert(slab) < 0;
     return slab >= slabs;
   };
-  // MXFP4 fixes its groups at 32 values: a constant lets the compiler resolve
-  // every group window of the hot loop at compile time.
+  // MXFP4 fixes its groups at 32 values: its scale-row arithmetic folds to
+  // constants.
   const int group_shift = F::e8m0_scales ? 5 : p.group_shift;
   const bool grouped = group_shift >= 0;
   constexpr bool kRowGroups = G == Groups::Rows;
@@ -552,11 +552,13 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       [[maybe_unused]] float corr[T::m8][4];
       constexpr bool kCorrection = F::const_correction || F::zero_points;
       {
-        // Groups shorter than the tile: each warp takes consecutive k steps, so
-        // a group's steps share one window and its scales are applied once per
-        // group (per warp share of it), not once per step.
+        // Groups shorter than the tile (32 or 64 values): each warp takes
+        // consecutive k steps and folds its partials every two steps (one
+        // group of 32, half a group of 64), so the windows are known at
+        // compile time; a runtime group length put a second copy of every
+        // MMA and a branch into each step.
         constexpr bool kPerRow = G == Groups::StagedShort;
-        const int group_mask = kPerRow ? (1 << (group_shift - 4)) - 1 : 0;  // k steps per group - 1
+        constexpr int group_mask = kPerRow ? 1 : 0;  // k steps per window - 1
         const int row0 = kPerRow ? warp_k * T::rows_per_warp : warp_k;
         const int row_stride = kPerRow ? 1 : T::warps_k;
         const int a_base = activation_base(row0);
