@@ -285,8 +285,9 @@ FERRUM_API int ferrum_marlin_mm(const FerrumMarlinLaunch* launch);
  * of a tile is stored, later ones added). Expert ids must name experts of b: the
  * library cannot see E and trusts the routing arrays, like every MoE kernel.
  * MXFP4 with moe_block_size <= 16 multiplies code images (value * 2^-126) by
- * the activations times 2^64 (exact, fp32 sums): activations must stay below
- * 2^64 in magnitude, and single products below 2^-64 flush to zero.
+ * the activations times 2^64 (exact; fp32 sums carry 2^-62 until the column's
+ * end): activations must stay below 2^64 in magnitude, and products or outputs
+ * below 2^-64 lose precision (taller blocks keep fp32's range).
  * FERRUM_VLLM_MOE_THREAD_K / _THREAD_N force a tile when both are set (an unknown
  * pair is an argument error).
  * On sm_90 and newer these GEMMs, the align, router and elementwise ops below are

@@ -520,7 +520,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   };
 
   // Short slabs multiply raw code images (see core/formats.cuh) and apply
-  // scales to fp32 partials, once per group; taller slabs are tensor-core
+  // scales to fp32 partials, once per window (a stage's steps of one group,
+  // or two steps for groups shorter than the tile); taller slabs are tensor-core
   // bound and multiply exact, scaled fragments once, as do row groups.
   constexpr bool kImages = T::m8 <= 2 && !T::wgmma && !kRowGroups;
   // col: the column tile of the stage (row groups only).

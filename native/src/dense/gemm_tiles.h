@@ -43,8 +43,8 @@ struct Tile<M8, NConfig::N64_K128, Bits>
 template <int M8, int Bits>
 struct Tile<M8, NConfig::N128_K64, Bits>
     : TileShape<M8, 2, 4, stages_for<M8, Bits, 2, 4>(), blocks_per_sm_for<M8>(), Bits> {};
-// 16 KB (4-bit) weight stages: each warp runs four k steps per group before
-// it applies the group's scales, halving the per-stage fixed costs.
+// 16 KB (4-bit) weight stages: each warp runs four consecutive k steps (one
+// window for groups of at least 128 values), halving the per-stage fixed costs.
 template <int M8, int Bits>
 struct Tile<M8, NConfig::N256_K128, Bits> : TileShape<M8, 4, 8, Bits == 8 ? 3 : 4, 2, Bits> {
   static_assert(M8 <= 2, "N256_K128 is built for slabs of at most 16 rows");

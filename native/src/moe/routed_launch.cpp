@@ -65,9 +65,10 @@ TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
 // Routed launches accept n and k that a tile leaves partial (multiples of 64;
 // the missing part of the last tile is neither read nor stored), so the tile
 // is chosen for speed alone: slabs of at most 16 rows take the deep 16 KB-stage
-// tile, taller ones 256 x 64 tiles (H200, GPT-OSS-like M=256 in 32-row blocks:
-// gate_up 365 -> 321 us against 128 x 128, 48-row blocks 299 -> 277), a
-// narrow N 128 x 128; a dimension shorter than the tile takes the narrower one.
+// tile where k >= 128, every other slab 256 x 64 tiles where n >= 256 (H200,
+// GPT-OSS-like M=256 in 32-row blocks: gate_up 365 -> 323 us against 128 x 128,
+// 48-row blocks 299 -> 278), a narrower N 128 x 128; a dimension shorter than
+// the tile takes the narrower one.
 bool routed_auto_config(int m8, int n, int k, NConfig* nc) {
   if (n % 64 != 0 || k % 64 != 0) return false;
   if (m8 <= dense::kDeepTileMaxM8 && n >= 256 && k >= 128) *nc = NConfig::N256_K128;
