@@ -212,6 +212,24 @@ def test_tall_slabs_with_many_contributors_per_column(cp, b_type, dtype_name, m)
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("b_type", ["U4", "U8B128", "FE4M3FN"])
+@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("m", [40, 300])
+def test_tall_slabs_add_the_bias_once_per_shared_column(cp, b_type, dtype_name, group_size, m):
+    # Each column is split over many blocks: only the one that stores adds the
+    # bias (the others add their partials to it), and channelwise scales are
+    # applied by every contributor before the 16-bit rounding.
+    weight = make_weight(b_type, DTYPES[dtype_name], group_size, False, k=4096, n=1024, seed=15)
+    bias = np.random.default_rng(16).standard_normal(weight.n).astype(np.float32).astype(weight.dtype)
+    x_host = activations(m, weight.k, weight.dtype, seed=17)
+    ref = reference_product(cp, x_host, weight.reference_dequant(), bias)
+    x = to_device(cp, x_host)
+    for fp32_reduce in (False, True):
+        out = ff.linear(x, weight, bias=to_device(cp, bias), fp32_reduce=fp32_reduce)
+        assert relative_l2(out, ref) < TOLERANCE[weight.dtype], fp32_reduce
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
 def test_activations_past_the_l2_rule_take_128_row_slabs(cp, dtype_name):
     # 2100 x 8192 activations (34 MB) are past the planner's L2 rule for
     # 256-row slabs (Hopper): 128-row slabs, the last one partial.

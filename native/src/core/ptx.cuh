@@ -49,6 +49,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "r"(smem_u32(p)));
 }
 
+// Stores four 8x8 16-bit matrices transposed: register i of lane (g, q) is
+// row g, columns 2q and 2q + 1 of matrix i (an MMA accumulator fragment);
+// lane 8i + r gives the address of the 16-byte row r of the transpose of
+// matrix i. Hopper and later.
+__device__ __forceinline__ void stmatrix_x4_trans(void* p, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_u32(p)), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // D += A(16x16, row) * B(16x8, col), fp32 accumulators; fp16 or bf16 inputs.
 template <bool Bf16>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

@@ -20,6 +20,18 @@ struct ColumnEpilogue {
   using N = typename F::N;
   static constexpr int kRedStride = NTile + 4;  // the pad keeps fragment stores conflict-free
 
+  // Channelwise scales (and the MXFP4 bias) are permuted per 32 columns so
+  // that column 8a + e of a chunk sits at 8 (e / 2) + 2a + e % 2.
+  __device__ static int channel_index(int n) {
+    return (n & ~31) + 2 * ((n >> 3) & 3) + 8 * ((n & 7) >> 1) + (n & 1);
+  }
+  // The 16-bit value of column n of a per-column vector, as fp32.
+  __device__ static float channel_value(const void* v, int n, bool permuted) {
+    const int i = permuted ? channel_index(n) : n;
+    const float2 pair = N::to_float2(__ldg(static_cast<const uint32_t*>(v) + i / 2));
+    return (i & 1) ? pair.y : pair.x;
+  }
+
   // Stores (or atomically adds) the block's rows of column tile c of `slab`
   // from sh_red, with channelwise scales, and the bias when it stores.
   __device__ static void store_rows(const Args& p, const float* sh_red, int tid, int used_ids, int slab,
@@ -59,9 +71,7 @@ struct ColumnEpilogue {
       const int ncol = c * NTile + nv * 8;
       if (ncol >= p.n) continue;  // a partial last column tile
       if (!grouped) {
-        // Channelwise scales are permuted per 32 columns so that column
-        // 8a + e of a chunk sits at 8*(e/2) + 2a + e%2.
-        const uint32_t* s2 = s_pairs + ((ncol & ~31) + 2 * ((ncol >> 3) & 3)) / 2;
+        const uint32_t* s2 = s_pairs + channel_index(ncol) / 2;  // columns ncol + 2 e2 + {0, 1}: pair 4 e2
 #pragma unroll
         for (int e2 = 0; e2 < 4; ++e2) {
           const float2 s = N::to_float2(s2[4 * e2]);
@@ -72,8 +82,7 @@ struct ColumnEpilogue {
       if (!atomic && bias != nullptr) {
         uint32_t bw[4];
         if (p.route.bias_p32) {
-          // Permuted like the channelwise scales (see above).
-          const uint32_t* b2 = reinterpret_cast<const uint32_t*>(bias) + ((ncol & ~31) + 2 * ((ncol >> 3) & 3)) / 2;
+          const uint32_t* b2 = reinterpret_cast<const uint32_t*>(bias) + channel_index(ncol) / 2;
 #pragma unroll
           for (int e2 = 0; e2 < 4; ++e2) bw[e2] = b2[4 * e2];
         } else {
@@ -98,13 +107,88 @@ struct ColumnEpilogue {
 #pragma unroll
       for (int e2 = 0; e2 < 4; ++e2) packed[e2] = N::from_floats(vals[2 * e2], vals[2 * e2 + 1]);
       char* const dst = static_cast<char*>(p.c) + 2 * (static_cast<size_t>(grow) * p.n + ncol);
-      if (!atomic) {
-        __stcg(reinterpret_cast<int4*>(dst), make_int4(packed[0], packed[1], packed[2], packed[3]));
-      } else {
-#pragma unroll
-        for (int e2 = 0; e2 < 4; ++e2) N::atomic_add(dst + 4 * e2, packed[e2]);
-      }
+      const int4 x = make_int4(packed[0], packed[1], packed[2], packed[3]);
+      if (!atomic)
+        __stcg(reinterpret_cast<int4*>(dst), x);
+      else
+        N::atomic_add8(dst, x);
     }
+  }
+
+  // The blocks (stripes r_lo..r_hi) that share column `col`, and its lock.
+  struct Share {
+    int r_lo;
+    int r_hi;
+    int contributors;
+    int order;  // 0: this block's part is ready first (it stores; the others add)
+    int* lock;
+    __device__ bool shared() const { return contributors > 1; }
+    __device__ bool adds() const { return contributors > 1 && order > 0; }
+  };
+  __device__ static Share share_of(const Args& p, long long e, int c, int col, int range, int iters, int k_tiles,
+                                   int part) {
+    Share sh;
+    const int first_unit = col * k_tiles;
+    sh.r_lo = first_unit / iters;
+    sh.r_hi = (first_unit + k_tiles - 1) / iters;
+    sh.contributors = sh.r_hi - sh.r_lo + 1;
+    sh.order = sh.r_hi - range;
+    // A range is the lowest contributor of at most one shared column (its
+    // last one), so r_lo names the column's lock uniquely within the launch.
+    sh.lock = R == Route::Bucketed ? p.locks + e * p.route.locks_per_expert + c
+                                   : p.locks + Parts * (p.lock_by_range ? sh.r_lo : col) + part;
+    return sh;
+  }
+
+  // The other contributors add to the first partial only once it is stored.
+  template <class Sync>
+  __device__ static void await_first(const Share& sh, int tid, Sync sync) {
+    if (tid == 0) {
+      while (ptx::ld_acquire_gpu(sh.lock) < 1) __nanosleep(32);
+    }
+    sync();
+  }
+  // After this block's store or adds: the lock counts it; the last resets it.
+  template <class Sync>
+  __device__ static void count_done(const Share& sh, int tid, Sync sync) {
+    // The stored partial must be in place before the lock lets the others
+    // add to it; the adds themselves need no fence (nothing in the launch
+    // reads them, and they commute).
+    if (!sh.adds()) __threadfence();
+    sync();
+    if (tid == 0 && atomicAdd(sh.lock, 1) == sh.contributors - 1) atomicExch(sh.lock, 0);
+  }
+
+  // The wide kernel without fp32 reduce (dense slabs): a column tile's final
+  // 16-bit values -- channelwise scales applied, and the bias where this
+  // block stores -- sit in `stash`, row-major with StashStride halves per row
+  // (every part at once), and are stored, or added once the column's first
+  // partial is in place, in 16-byte vectors. One lock per column tile (part
+  // 0's; the others stay zero).
+  template <int StashStride, class Sync>
+  __device__ static void store_stashed(const Args& p, const int4* stash, int tid, Sync sync, int slab, int c, int col,
+                                       int range, int iters, int k_tiles) {
+    static_assert(R == Route::Dense && StashStride % 8 == 0, "dense slabs, 16-byte rows");
+    const Share sh = share_of(p, 0, c, col, range, iters, k_tiles, 0);
+    const bool atomic = sh.adds();
+    if (atomic) await_first(sh, tid, sync);
+    constexpr int kVecPerRow = Parts * NTile / 8;
+    const int rows = min(MRows, p.m - slab * MRows);
+    char* const c0 = static_cast<char*>(p.c) + 2 * (static_cast<size_t>(slab) * MRows * p.n + c * (Parts * NTile));
+    for (int v = tid; v < rows * kVecPerRow; v += Threads) {
+      const int mr = v / kVecPerRow;
+      const int nv = v - mr * kVecPerRow;
+      const int4 x = stash[mr * (StashStride / 8) + nv];
+      char* const dst = c0 + 2 * (static_cast<size_t>(mr) * p.n + nv * 8);
+      if (!atomic)
+        __stcg(reinterpret_cast<int4*>(dst), x);
+      else
+        N::atomic_add8(dst, x);
+    }
+    if (sh.shared())
+      count_done(sh, tid, sync);
+    else
+      sync();  // the stash is free again
   }
 
   // Everything after the block's partial of part `part` of column `col`
@@ -114,16 +198,10 @@ struct ColumnEpilogue {
   __device__ static void reduce_and_store(const Args& p, float* sh_red, int& sh_last, int tid, Sync sync,
                                           int used_ids, int slab, long long e, int c, int col, int range,
                                           int iters, int k_tiles, int part = 0) {
-    const int first_unit = col * k_tiles;
-    const int r_lo = first_unit / iters;
-    const int r_hi = (first_unit + k_tiles - 1) / iters;
-    const int contributors = r_hi - r_lo + 1;
-    const int order = r_hi - range;  // 0: this block's part is ready first
-    // A range is the lowest contributor of at most one shared column (its
-    // last one), so r_lo names the column's lock uniquely within the launch.
-    int* const lock = R == Route::Bucketed ? p.locks + e * p.route.locks_per_expert + c
-                                           : p.locks + Parts * (p.lock_by_range ? r_lo : col) + part;
-    const bool shared_column = contributors > 1;
+    const Share sh = share_of(p, e, c, col, range, iters, k_tiles, part);
+    const int r_lo = sh.r_lo, r_hi = sh.r_hi, contributors = sh.contributors;
+    int* const lock = sh.lock;
+    const bool shared_column = sh.shared();
     if (p.fp32_reduce && shared_column) {
       // Slot 2r holds range r's first column, 2r + 1 its last one.
       constexpr int kSlotFloats = MRows * NTile;
@@ -169,21 +247,11 @@ struct ColumnEpilogue {
       // The first partial (ready earliest, see gemm_kernel.cuh) is
       // stored, the others are added atomically once it is in place. The lock
       // counts finished contributors; the last one resets it to zero.
-      const bool atomic = shared_column && order > 0;
-      if (atomic) {
-        if (tid == 0) {
-          while (ptx::ld_acquire_gpu(lock) < 1) __nanosleep(32);
-        }
-        sync();
-      }
+      const bool atomic = sh.adds();
+      if (atomic) await_first(sh, tid, sync);
       store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, atomic);
       if (shared_column) {
-        // The stored partial must be in place before the lock lets the others
-        // add to it; the adds themselves need no fence (nothing in the launch
-        // reads them, and they commute).
-        if (!atomic) __threadfence();
-        sync();
-        if (tid == 0 && atomicAdd(lock, 1) == contributors - 1) atomicExch(lock, 0);
+        count_done(sh, tid, sync);
       } else {
         sync();
       }

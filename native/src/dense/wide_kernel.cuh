@@ -348,6 +348,44 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
           *dst = add ? *dst + a[h][j][e] : a[h][j][e];
         }
   };
+  // Dequantisation mode without fp32 reduce: the column's final values --
+  // channelwise scales and, where this block stores rather than adds, the
+  // bias, applied in fp32 and rounded once, as store_rows does -- go into the
+  // reduction buffer as one row-major 16-bit tile (stmatrix transposes each
+  // 8 x 8 block of C^T that an accumulator fragment holds into eight 16-byte
+  // rows of C), and leave it in 16-byte vectors: a third of the fp32 path's
+  // shared-memory traffic, one pass and one fence instead of two parts'.
+  auto stash_and_store = [&](const auto& a, int slab, int c, int col) {
+    using N = typename F::N;
+    const bool add_bias = p.bias != nullptr && !Epilogue::share_of(p, 0, c, col, range, p.iters, k_tiles, 0).adds();
+    uint16_t* const stash = reinterpret_cast<uint16_t*>(sh_red);
+    const int mi = lane >> 3;  // this lane addresses row lane % 8 of matrix mi of each stmatrix
+#pragma unroll
+    for (int h = 0; h < kTiles; ++h) {
+      const int first = 64 * chunk + 16 * (tile0 + h);  // the warp's 16 columns of MMA h
+      float scale[2] = {1.f, 1.f}, bias[2] = {0.f, 0.f};
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int n = c * W::n_tile + first + (lane >> 2) + 8 * hh;
+        if (!grouped) scale[hh] = Epilogue::channel_value(p.s, n, true);
+        if (add_bias) bias[hh] = Epilogue::channel_value(p.bias, n, p.route.bias_p32);
+      }
+      uint16_t* const rows = stash + (8 * (mi >> 1) + (lane & 7)) * W::stash_stride + first + 8 * (mi & 1);
+#pragma unroll
+      for (int j = 0; j < W::m8; j += 2) {
+        uint32_t r[4];  // matrix i: tokens 8 (j + i / 2).., columns first + 8 (i % 2)..
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float* const x = a[h][j + (i >> 1)] + 2 * (i & 1);
+          r[i] = N::from_floats(fmaf(x[0], scale[i & 1], bias[i & 1]), fmaf(x[1], scale[i & 1], bias[i & 1]));
+        }
+        ptx::stmatrix_x4_trans(rows + 8 * j * W::stash_stride, r);
+      }
+    }
+    consumer_sync();
+    Epilogue::template store_stashed<W::stash_stride>(p, reinterpret_cast<const int4*>(sh_red), ctid, consumer_sync,
+                                                      slab, c, col, range, p.iters, k_tiles);
+  };
   auto finish_column = [&](int u, const auto& a) {
     const int col = u / k_tiles;
     const int slab = col / n_tiles;
@@ -361,6 +399,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         consumer_sync();
       }
       Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters, k_tiles);
+    } else if (!p.fp32_reduce) {
+      stash_and_store(a, slab, c, col);
     } else {
       // Each warpgroup holds its chunks (part `group`): tiles tile0 + h of chunk `chunk`.
       const int base = W::parts == 1 ? 64 * chunk : 64 * (chunk - kTiles * group);

@@ -60,6 +60,10 @@ struct WideTile {
   static constexpr int part_cols = n_tile / parts;
   static constexpr int red_stride = part_cols + 4;
   static constexpr size_t red_bytes = 4 * static_cast<size_t>(Tokens) * red_stride;
+  // Without fp32 reduce the same bytes hold the column tile's final 16-bit
+  // values, [m_rows][stash_stride] (rows 16 bytes apart in the banks).
+  static constexpr int stash_stride = n_tile + 8;
+  static_assert(parts == 1 || 2 * static_cast<size_t>(Tokens) * stash_stride == red_bytes, "stash fits the buffer");
   static constexpr size_t stage_bytes = 16 * static_cast<size_t>(a_stage + b_stage + s_stage + z_stage + g_stage);
   // Slabs of 16 and 32 rows are a weight stream: small slots, many of them
   // in flight; taller slabs keep six (more buys nothing once the MMAs limit).
