@@ -40,22 +40,6 @@ struct Num<AType::F16> {
   __device__ static void atomic_add(void* p, uint32_t x) {
     asm volatile("red.relaxed.gpu.global.add.noftz.f16x2 [%0], %1;\n" ::"l"(p), "r"(x) : "memory");
   }
-  // Eight values at a 16-byte aligned address: on Hopper one vector reduction
-  // (one L2 operation instead of four: at the end of a launch every block
-  // adds a column tile at once, and the scalar ones queued in L2).
-  __device__ static void atomic_add8(void* p, int4 x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.relaxed.gpu.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(x.x), "r"(x.y),
-                 "r"(x.z), "r"(x.w)
-                 : "memory");
-#else
-    char* const c = static_cast<char*>(p);
-    atomic_add(c, x.x);
-    atomic_add(c + 4, x.y);
-    atomic_add(c + 8, x.z);
-    atomic_add(c + 12, x.w);
-#endif
-  }
 };
 
 template <>
@@ -86,19 +70,29 @@ struct Num<AType::BF16> {
     atomicAdd(static_cast<__nv_bfloat162*>(p), v(x));  // no bf16x2 reduction before sm_90
 #endif
   }
-  __device__ static void atomic_add8(void* p, int4 x) {
+};
+
+// Adds eight values to a 16-byte aligned address: on Hopper one vector
+// reduction (one L2 operation instead of four: at the end of a launch every
+// block adds a column tile at once, and scalar reductions queued in L2).
+template <class N>
+__device__ __forceinline__ void atomic_add8(void* p, int4 x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (N::bf16)
     asm volatile("red.relaxed.gpu.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(x.x), "r"(x.y),
                  "r"(x.z), "r"(x.w)
                  : "memory");
+  else
+    asm volatile("red.relaxed.gpu.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(x.x), "r"(x.y),
+                 "r"(x.z), "r"(x.w)
+                 : "memory");
 #else
-    char* const c = static_cast<char*>(p);
-    atomic_add(c, x.x);
-    atomic_add(c + 4, x.y);
-    atomic_add(c + 8, x.z);
-    atomic_add(c + 12, x.w);
+  char* const c = static_cast<char*>(p);
+  N::atomic_add(c, x.x);
+  N::atomic_add(c + 4, x.y);
+  N::atomic_add(c + 8, x.z);
+  N::atomic_add(c + 12, x.w);
 #endif
-  }
-};
+}
 
 }  // namespace ferrum

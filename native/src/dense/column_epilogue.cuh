@@ -111,7 +111,7 @@ struct ColumnEpilogue {
       if (!atomic)
         __stcg(reinterpret_cast<int4*>(dst), x);
       else
-        N::atomic_add8(dst, x);
+        atomic_add8<N>(dst, x);
     }
   }
 
@@ -183,7 +183,7 @@ struct ColumnEpilogue {
       if (!atomic)
         __stcg(reinterpret_cast<int4*>(dst), x);
       else
-        N::atomic_add8(dst, x);
+        atomic_add8<N>(dst, x);
     }
     if (sh.shared())
       count_done(sh, tid, sync);
