@@ -211,15 +211,20 @@ def test_tall_slabs_with_many_contributors_per_column(cp, b_type, dtype_name, m)
     assert relative_l2(ff.linear(x, weight, fp32_reduce=True), ref) < TOLERANCE[weight.dtype]
 
 
+# Hopper's warp-specialised tiles: 64-, 128- and 256-row slabs (m = 40, 100, 300),
+# 32-row slabs (m = 17..32 on k >= 8192) and the 16-row tile's dequantising mode
+# (8-bit weights in groups of 32).
+BIAS_CASES = [(b, g, m, 4096) for b in ("U4", "U8B128", "FE4M3FN") for g in (-1, 128) for m in (40, 100, 300)] + [
+    ("U4", 128, 20, 8192), ("U8B128", -1, 20, 8192), ("U8B128", 32, 13, 4096)]
+
+
 @pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize("b_type", ["U4", "U8B128", "FE4M3FN"])
-@pytest.mark.parametrize("group_size", [-1, 128])
-@pytest.mark.parametrize("m", [40, 300])
-def test_tall_slabs_add_the_bias_once_per_shared_column(cp, b_type, dtype_name, group_size, m):
+@pytest.mark.parametrize("b_type, group_size, m, k", BIAS_CASES)
+def test_tall_slabs_add_the_bias_once_per_shared_column(cp, b_type, dtype_name, group_size, m, k):
     # Each column is split over many blocks: only the one that stores adds the
     # bias (the others add their partials to it), and channelwise scales are
     # applied by every contributor before the 16-bit rounding.
-    weight = make_weight(b_type, DTYPES[dtype_name], group_size, False, k=4096, n=1024, seed=15)
+    weight = make_weight(b_type, DTYPES[dtype_name], group_size, False, k=k, n=1024, seed=15)
     bias = np.random.default_rng(16).standard_normal(weight.n).astype(np.float32).astype(weight.dtype)
     x_host = activations(m, weight.k, weight.dtype, seed=17)
     ref = reference_product(cp, x_host, weight.reference_dequant(), bias)

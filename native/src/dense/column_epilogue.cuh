@@ -6,7 +6,9 @@
 // sync(): their barrier (the whole block, or a named barrier when only some
 // warps run the epilogue). Parts: a column tile may be reduced and stored in
 // Parts consecutive NTile-wide parts (one after the other through the same
-// shared buffer), each with its own lock and c_tmp slot.
+// shared buffer), each with its own lock and c_tmp slot. The wide kernel's
+// columns that need no fp32 reduction leave instead as one 16-bit tile of final
+// values (store_stashed: the whole tile at once, part 0's lock).
 #pragma once
 
 #include "../core/formats.cuh"

@@ -348,7 +348,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
           *dst = add ? *dst + a[h][j][e] : a[h][j][e];
         }
   };
-  // Dequantisation mode without fp32 reduce: the column's final values --
+  // Dequantisation mode, a column no other block shares or no fp32 reduce
+  // (the rounding and the order are the fp32 path's): the column's final values --
   // channelwise scales and, where this block stores rather than adds, the
   // bias, applied in fp32 and rounded once, as store_rows does -- go into the
   // reduction buffer as one row-major 16-bit tile (stmatrix transposes each
@@ -377,7 +378,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const float* const x = a[h][j + (i >> 1)] + 2 * (i & 1);
-          r[i] = N::from_floats(fmaf(x[0], scale[i & 1], bias[i & 1]), fmaf(x[1], scale[i & 1], bias[i & 1]));
+          r[i] = add_bias ? N::from_floats(fmaf(x[0], scale[i & 1], bias[i & 1]), fmaf(x[1], scale[i & 1], bias[i & 1]))
+                          : N::from_floats(x[0] * scale[i & 1], x[1] * scale[i & 1]);  // keeps -0
         }
         ptx::stmatrix_x4_trans(rows + 8 * j * W::stash_stride, r);
       }
@@ -399,7 +401,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
         consumer_sync();
       }
       Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters, k_tiles);
-    } else if (!p.fp32_reduce) {
+    } else if (!p.fp32_reduce || !Epilogue::share_of(p, 0, c, col, range, p.iters, k_tiles, 0).shared()) {
       stash_and_store(a, slab, c, col);
     } else {
       // Each warpgroup holds its chunks (part `group`): tiles tile0 + h of chunk `chunk`.
