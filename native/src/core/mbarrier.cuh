@@ -1,6 +1,7 @@
 // Shared-memory barriers (mbarrier) for the warp-specialised Hopper kernel: a
-// producer warpgroup fills pipeline slots with cp.async and each copy marks
-// the slot's "full" barrier when it lands; consumers mark the slot's "empty"
+// producer warpgroup fills pipeline slots with cp.async (each copy marks the
+// slot's "full" barrier when it lands) and tensor copies (core/tma.cuh, whose
+// bytes complete the barrier's phase); consumers mark the slot's "empty"
 // barrier when the tensor cores are done with it. Phases alternate, so a
 // waiter passes the parity of the fill (or drain) it waits for.
 #pragma once

@@ -13,9 +13,10 @@
 
 namespace ferrum::dense {
 
-template <auto Kernel, Route R>
+// `extra`: the kernel's parameters after Args (the wide kernel's tensor map).
+template <auto Kernel, Route R, class... Extra>
 cudaError_t launch_resident(int threads, size_t smem_bytes, int max_blocks, int n_tile, int k_tile, Args& args,
-                            const Launch& launch, int* stage) {
+                            const Launch& launch, int* stage, const Extra&... extra) {
   // Attributes live in the device's context: set them, and learn how many
   // blocks can be resident, once per device (a benign race repeats the work).
   static int resident[kMaxDevices] = {};
@@ -47,11 +48,11 @@ cudaError_t launch_resident(int threads, size_t smem_bytes, int max_blocks, int 
     grid = (total + args.iters - 1) / args.iters;
   }
   if (launch.overlap_previous) {
-    const cudaError_t err = launch_chained(Kernel, dim3(grid), dim3(threads), smem_bytes, launch.stream, args);
+    const cudaError_t err = launch_chained(Kernel, dim3(grid), dim3(threads), smem_bytes, launch.stream, args, extra...);
     if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
     return err;
   }
-  Kernel<<<grid, threads, smem_bytes, launch.stream>>>(args);
+  Kernel<<<grid, threads, smem_bytes, launch.stream>>>(args, extra...);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
   return err;

@@ -4,9 +4,11 @@
 //
 // Same problem, weight layout, formats (core/formats.cuh), work split
 // ("stripes", see gemm_kernel.cuh) and column epilogue; what changes is who
-// does what. Warp specialisation: warpgroup 0 only copies (cp.async into a
-// ring of pipeline slots, each slot's "full" mbarrier completes when its
-// copies land); warpgroups 1 and 2 only compute. Each consumer warpgroup owns
+// does what. Warp specialisation: warpgroup 0 only copies into a ring of
+// pipeline slots (weights, scales and zero points by cp.async; the
+// activations by one tensor-memory copy per slot and swizzle atom, which
+// writes the 128-byte-swizzled rows the MMAs read; a slot's "full" mbarrier
+// completes when all of it has landed); warpgroups 1 and 2 only compute. Each consumer warpgroup owns
 // two 64-column chunks of the 256-column tile (one of a 128-column tile for
 // 256-row slabs): per 16-deep k step it dequantises a weight fragment per
 // chunk and issues one asynchronous warpgroup MMA per chunk (m64 x n{Tokens} x
@@ -15,7 +17,9 @@
 // in flight, so dequantisation overlaps the tensor cores' work on earlier
 // steps. A slot is handed back ("empty") once the MMAs that read it have
 // retired. Warpgroup 0's copies per slot are a few adds each (offsets fixed per
-// thread): as a serial integer stream they had been the bottleneck.
+// thread): as a serial integer stream they had been the bottleneck, and at
+// 256 rows the activations' 16-byte copies still were (one tensor copy for
+// them: W4A16 m = 256 12-15 % faster on the H200).
 //
 // 16-row slabs (a weight stream, not compute-bound) run differently: exact
 // values, fp32 scales per slot, and whole slots handed to three consumer
@@ -28,8 +32,11 @@
 #include "../core/formats.cuh"
 #include "../core/mbarrier.cuh"
 #include "../core/ptx.cuh"
+#include "../core/tensor_map.h"
+#include "../core/tma.cuh"
 #include "../core/wgmma.cuh"
 #include "column_epilogue.cuh"
+#include "ferrum_marlin.h"
 #include "gemm.h"
 #include "gemm_tiles.h"
 #include "launch_resident.cuh"
@@ -38,7 +45,7 @@
 namespace ferrum::dense {
 
 template <class W, class F, bool WholeSlots, bool TwoWindows = false>
-__global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
+__global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const __grid_constant__ CUtensorMap a_map) {
 #ifdef FERRUM_WGMMA_AVAILABLE
   constexpr bool kBf16 = F::bf16;
   constexpr int kStages = W::stages;
@@ -51,6 +58,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   static_assert(!TwoWindows || (WholeSlots && W::k_tile == 128), "two 64-deep group windows per 128-deep slot");
   // Dequantisation mode: MMAs (weight tiles per lane) per warpgroup and step.
   constexpr int kTiles = W::chunks_per_group;
+  constexpr bool kTensorA = W::tensor_a;
   // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
   extern __shared__ __align__(1024) int4 smem[];
   int4* const sh_a = smem;
@@ -72,7 +80,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   const int count = min(p.iters, total - u_begin);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar::init(full + s, W::producers);
+      mbar::init(full + s, W::producers + (kTensorA ? 1 : 0));  // every producer's copies (and the tensor copy's bytes)
       mbar::init(empty + s, kSlotConsumers);
     }
   }
@@ -89,14 +97,12 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   if (role == 0) {
     // ---- producer warpgroup: global -> shared ---------------------------------
     wgmma::release_registers<W::producer_regs>();
-    const int4* const gA = static_cast<const int4*>(p.a);
     const int4* const gB = static_cast<const int4*>(p.b);
     const int4* const gS = static_cast<const int4*>(p.s);
     const int4* const gZ = static_cast<const int4*>(p.z);
     constexpr int kBRowInt4 = W::n_chunks * 32 * W::b_words;  // one 16-deep k row of the tile
     constexpr int kBCopies = W::b_stage / W::producers;
-    constexpr int kACopies = W::a_stage / W::producers;
-    static_assert(W::b_stage % W::producers == 0 && W::a_stage % W::producers == 0, "copies split evenly");
+    static_assert(W::b_stage % W::producers == 0, "copies split evenly");
     static_assert(W::producers % kBRowInt4 == 0 || kBRowInt4 % W::producers == 0, "B rows and copies nest");
     const int s_rows = grouped && W::k_tile > (1 << p.group_shift) ? W::k_tile >> p.group_shift : 1;
     const int s_copies = grouped && !W::row_groups ? s_rows * W::n_chunks * 8 : 0;
@@ -105,26 +111,30 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
     // The copies are one warp's serial instruction stream per SM quarter, so
     // everything per thread is fixed up front and a slot costs a few adds per
     // copy: B copy j is element tid + 128 j of the slot's k rows (row
-    // (tid + 128 j) / kBRowInt4, unit (tid + 128 j) % kBRowInt4); A copy j is
-    // row tid / 8 + 16 (j % per-atom copies), 16-byte unit tid % 8, of the
-    // swizzle atom j / per-atom copies (64 k each).
+    // (tid + 128 j) / kBRowInt4, unit (tid + 128 j) % kBRowInt4). The
+    // activations are one tensor copy per swizzle atom (64 k), issued by
+    // thread 0 (rows past the end of A arrive as zeros); in 16-row slabs
+    // thread t copies 16-byte unit t % 8 of row t / 8 of each atom.
     // B copy 0 of this thread: element tid of the slot's rows of kBRowInt4
     // (a 128-column tile's rows are shorter than the 128 producers).
     const int b_first = (tid / kBRowInt4) * p.b_row_int4 + tid % kBRowInt4;
-    const int a_row0 = tid >> 3;
-    const int a_unit = tid & 7;
-    const int a_dst0 = a_row0 * 8 + (a_unit ^ (a_row0 & 7));  // rows 16 j apart keep the swizzle phase
-    const size_t a_step_rows = static_cast<size_t>(16) * p.a_row_int4;
+    const int a_row = tid >> 3;
+    const int a_dst = a_row * 8 + ((tid & 7) ^ (a_row & 7));
+    static_assert(kTensorA || W::m_rows * 8 == W::producers, "16-row slabs: one 16-byte copy per producer and atom");
     int kt = u_begin % k_tiles;
     int c = (u_begin / k_tiles) % n_tiles;
     int slab = u_begin / k_tiles / n_tiles;
     const int4* pb = nullptr;
     const int4* pa = nullptr;
-    int rows_left = 0;
+    bool a_live = false;  // 16-row slabs: this thread's row exists (else it copies zeros)
     auto seek = [&]() {
       pb = gB + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 + b_first;
-      pa = gA + (static_cast<size_t>(slab) * W::m_rows + a_row0) * p.a_row_int4 + kt * (W::k_tile / 8) + a_unit;
-      rows_left = p.m - slab * W::m_rows - a_row0;  // a copy 16 r rows further is live while 16 r < rows_left
+      if constexpr (!kTensorA) {
+        const int row = slab * W::m_rows + a_row;
+        a_live = row < p.m;
+        pa = static_cast<const int4*>(p.a) + static_cast<size_t>(a_live ? row : 0) * p.a_row_int4 +
+             kt * (W::k_tile / 8) + (tid & 7);
+      }
     };
     seek();
     // Row groups: the first group of the next slot (its scale window starts
@@ -140,14 +150,18 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
       for (int j = 0; j < kBCopies; ++j)
         ptx::cp_async16(db + j * W::producers,
                         pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4);
-      int4* const da = sh_a + slot * W::a_stage + a_dst0;
+      if constexpr (kTensorA) {
+        if (tid == 0) {
+          tma::arrive_expect_tx(full + slot, 16u * W::a_stage);
 #pragma unroll
-      for (int j = 0; j < kACopies; ++j) {
-        constexpr int kPerAtom = W::m_rows * 8 / W::producers;  // copies per swizzle atom
-        const int atom = j / kPerAtom, jr = j % kPerAtom;
-        const bool live = 16 * jr < rows_left;  // rows past the end of A become zero rows
-        ptx::cp_async16_or_zero(da + atom * (W::m_rows * 8) + 128 * jr, live ? pa + jr * a_step_rows + 8 * atom : gA,
-                                live);
+          for (int atom = 0; atom < W::k_atoms; ++atom)
+            tma::load_2d(sh_a + slot * W::a_stage + atom * (W::m_rows * 8), &a_map, kt * W::k_tile + 64 * atom,
+                         slab * W::m_rows, full + slot);
+        }
+      } else {
+#pragma unroll
+        for (int atom = 0; atom < W::k_atoms; ++atom)
+          ptx::cp_async16_or_zero(sh_a + slot * W::a_stage + atom * (W::m_rows * 8) + a_dst, pa + 8 * atom, a_live);
       }
       if (tid < s_copies) {
         const int group_row = ((kt * W::k_tile) >> p.group_shift) + tid / (W::n_chunks * 8);
@@ -436,7 +450,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   auto await_slot = [&](int i) -> Slot {
     const int slot = i % kStages;
     mbar::wait(full + slot, (i / kStages) & 1);
-    wgmma::fence_async_shared();  // the copies' writes, visible to the MMA's async proxy
+    // 16-byte copies' activations, visible to the MMA's async proxy (tensor copies write there).
+    if constexpr (!kTensorA) wgmma::fence_async_shared();
     return Slot{slot, sh_b + slot * W::b_stage, sh_s + slot * W::s_stage, sh_z + slot * W::z_stage,
                 a_desc0 + static_cast<uint64_t>(slot) * W::a_stage};
   };
@@ -578,6 +593,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
   }
 #else
   (void)p;
+  (void)a_map;
   __trap();
 #endif
 }
@@ -585,9 +601,15 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p) {
 template <int Tokens, class F, bool WholeSlots, bool RowGroups = false, bool TwoWindows = false>
 cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
   using W = WideTile<Tokens, F::bits, WholeSlots ? 3 : 2, RowGroups>;
-  return launch_resident<wide_kernel<W, F, WholeSlots, TwoWindows>, Route::Dense>(W::threads, W::smem_bytes, 1,
-                                                                                  W::n_tile, W::k_tile, args, launch,
-                                                                                  stage);
+  CUtensorMap a_map{};  // the activations, in boxes of one slab's rows and 64 k (slabs of more than 16 rows)
+  if constexpr (W::tensor_a) {
+    if (const cudaError_t err = encode_rows_map(&a_map, args.a, args.m, args.k, 8ll * args.a_row_int4, W::m_rows)) {
+      *stage = FERRUM_STAGE_KERNEL_LAUNCH;
+      return err;
+    }
+  }
+  return launch_resident<wide_kernel<W, F, WholeSlots, TwoWindows>, Route::Dense>(
+      W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args, launch, stage, a_map);
 }
 
 // 16-row slabs take whole slots with groups of 64 or more (one window per

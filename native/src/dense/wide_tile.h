@@ -34,6 +34,11 @@ struct WideTile {
   // Activations: one 128-byte swizzle atom (64 k) per row and atom, atoms
   // one after the other (atom h of a slot at h * m_rows * 8 int4).
   static constexpr int k_atoms = k_tile / 64;
+  // Activations by tensor copy (one per slot and atom), except in 16-row
+  // slabs: their 2 KB boxes came later than 16-byte copies by the producers
+  // (H200, W4A16 m = 16: 1-5 % slower; 12-15 % faster at m = 256, 3-6 % at
+  // m = 128).
+  static constexpr bool tensor_a = Tokens > 16;
   static constexpr int b_words = Bits / 4;
   static constexpr int producers = 128;
   static constexpr int groups = Groups;
