@@ -325,10 +325,11 @@ def test_the_kernel_leaves_the_workspace_zero(cp, monkeypatch, fp32_reduce):
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("act_order", [False, True])
-def test_strided_rows(cp, dtype_name, act_order):
+@pytest.mark.parametrize("m", [33, 300])  # Hopper: 64- and 256-row slabs, activations by tensor copy
+def test_strided_rows(cp, dtype_name, act_order, m):
     weight = cached_weight(cp, "U4", dtype_name, 64, act_order)
     lda = K + 64
-    full = activations(33, lda, weight.dtype, seed=4)
+    full = activations(m, lda, weight.dtype, seed=4)
     x = to_device(cp, full)
     view = x[:, :K] if not isinstance(x, ff.Bfloat16Array) else ff.bfloat16_view(x.base[:, :K])
     out = ff.linear(view, weight)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -171,6 +173,24 @@ def test_non_default_stream_and_workspace_reuse(cp, layer_4096):
     assert int(cp.count_nonzero(weight.workspace)) == 0
     for a, out in zip(inputs[::7], outs[::7]):
         assert relative_l2(cp, out, reference_gemm(cp, a, codes, scales, 128)) < TOLERANCE
+
+
+def test_locks_stay_in_the_documented_workspace(cp, layer_4096):
+    # One slab per launch (max_par = 1): the 256-row tile's columns (m = 200,
+    # 300 on Hopper) and the narrower tiles must keep their locks inside
+    # max(1, n/128) * max_par entries; a sentinel guards the entries after them.
+    weight, [(codes, scales)] = layer_4096[128]
+    need = 4096 // 128
+    sentinel = 0x12345
+    buffer = cp.zeros(need + 64, dtype=cp.int32)
+    buffer[need:] = sentinel
+    one_slab = dataclasses.replace(weight, workspace=buffer[:need], max_par=1)
+    for m in (200, 300, 17, 1):
+        a = activations(cp, m, 4096, seed=m)
+        out = ff.marlin_gemm(a, one_slab)
+        assert relative_l2(cp, out, reference_gemm(cp, a, codes, scales, 128)) < TOLERANCE, m
+    assert int(cp.count_nonzero(buffer[:need])) == 0
+    assert bool((buffer[need:] == sentinel).all())
 
 
 class _CaiWrapper:

@@ -137,8 +137,12 @@ struct ColumnEpilogue {
     sh.order = sh.r_hi - range;
     // A range is the lowest contributor of at most one shared column (its
     // last one), so r_lo names the column's lock uniquely within the launch.
+    // Per-column locks (marlin_cuda: no fp32 reduce, so a column of parts
+    // leaves as one 16-bit tile under part 0's lock) are one per column: the
+    // caller's workspace holds one lock per column tile of the launch.
     sh.lock = R == Route::Bucketed ? p.locks + e * p.route.locks_per_expert + c
-                                   : p.locks + Parts * (p.lock_by_range ? sh.r_lo : col) + part;
+              : p.lock_by_range   ? p.locks + Parts * sh.r_lo + part
+                                  : p.locks + col;
     return sh;
   }
 

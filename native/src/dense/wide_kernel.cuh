@@ -601,6 +601,12 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
 template <int Tokens, class F, bool WholeSlots, bool RowGroups = false, bool TwoWindows = false>
 cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
   using W = WideTile<Tokens, F::bits, WholeSlots ? 3 : 2, RowGroups>;
+  // Per-column locks hold one lock per column: fp32 reduce, whose parts each
+  // need their own, takes locks by range (ColumnEpilogue::share_of).
+  if (W::parts > 1 && args.fp32_reduce && !args.lock_by_range) {
+    *stage = FERRUM_STAGE_KERNEL_LAUNCH;
+    return cudaErrorInvalidValue;
+  }
   CUtensorMap a_map{};  // the activations, in boxes of one slab's rows and 64 k (slabs of more than 16 rows)
   if constexpr (W::tensor_a) {
     if (const cudaError_t err = encode_rows_map(&a_map, args.a, args.m, args.k, 8ll * args.a_row_int4, W::m_rows)) {
