@@ -89,7 +89,8 @@ FERRUM_API int ferrum_marlin_event_destroy(void* event);
  *   thread_k/thread_n both -1 (auto) or one of (128,128), (64,256), (128,64),
  *   or (128,256) when prob_m <= 16,
  *   sms -1 (all) or >= 1 (clamped to the device), max_par >= 1.
- * Any prob_m: rows beyond 64*max_par are served by further launches on `stream`.
+ * Any prob_m: rows beyond max_par slabs (of 16..256 rows, by tile) are served by
+ *   further launches on `stream`.
  * Never synchronises `stream`; allocates nothing; graph-capturable.
  */
 FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s, int prob_m,

@@ -6,9 +6,10 @@
 // sync(): their barrier (the whole block, or a named barrier when only some
 // warps run the epilogue). Parts: a column tile may be reduced and stored in
 // Parts consecutive NTile-wide parts (one after the other through the same
-// shared buffer), each with its own lock and c_tmp slot. The wide kernel's
+// shared buffer), each with its own c_tmp slot and, with locks by range, its
+// own lock. The wide kernel's
 // columns that need no fp32 reduction leave instead as one 16-bit tile of final
-// values (store_stashed: the whole tile at once, part 0's lock).
+// values (store_stashed: the whole tile, or a chunk at a time, under part 0's lock).
 #pragma once
 
 #include "../core/formats.cuh"
@@ -167,20 +168,23 @@ struct ColumnEpilogue {
 
   // The wide kernel without fp32 reduce (dense slabs): a column tile's final
   // 16-bit values -- channelwise scales applied, and the bias where this
-  // block stores -- sit in `stash`, row-major with StashStride halves per row
-  // (every part at once), and are stored, or added once the column's first
-  // partial is in place, in 16-byte vectors. One lock per column tile (part
-  // 0's; the others stay zero).
-  template <int StashStride, class Sync>
+  // block stores -- sit in `stash`, row-major with StashStride halves per row,
+  // StashCols columns from the tile's column `first` (the whole tile, or
+  // one of several passes through the buffer), and are stored, or added once
+  // the column's first partial is in place, in 16-byte vectors. One lock per
+  // column tile (part 0's; the others stay zero), awaited in the first pass
+  // and counted after the last.
+  template <int StashStride, int StashCols, class Sync>
   __device__ static void store_stashed(const Args& p, const int4* stash, int tid, Sync sync, int slab, int c, int col,
-                                       int range, int iters, int k_tiles) {
-    static_assert(R == Route::Dense && StashStride % 8 == 0, "dense slabs, 16-byte rows");
+                                       int range, int iters, int k_tiles, int first, bool first_pass, bool last_pass) {
+    static_assert(R == Route::Dense && StashStride % 8 == 0 && StashCols % 8 == 0, "dense slabs, 16-byte rows");
     const Share sh = share_of(p, 0, c, col, range, iters, k_tiles, 0);
     const bool atomic = sh.adds();
-    if (atomic) await_first(sh, tid, sync);
-    constexpr int kVecPerRow = Parts * NTile / 8;
+    if (atomic && first_pass) await_first(sh, tid, sync);
+    constexpr int kVecPerRow = StashCols / 8;
     const int rows = min(MRows, p.m - slab * MRows);
-    char* const c0 = static_cast<char*>(p.c) + 2 * (static_cast<size_t>(slab) * MRows * p.n + c * (Parts * NTile));
+    char* const c0 = static_cast<char*>(p.c) +
+                     2 * (static_cast<size_t>(slab) * MRows * p.n + c * (Parts * NTile) + first);
     for (int v = tid; v < rows * kVecPerRow; v += Threads) {
       const int mr = v / kVecPerRow;
       const int nv = v - mr * kVecPerRow;
@@ -191,7 +195,7 @@ struct ColumnEpilogue {
       else
         atomic_add8<N>(dst, x);
     }
-    if (sh.shared())
+    if (last_pass && sh.shared())
       count_done(sh, tid, sync);
     else
       sync();  // the stash is free again

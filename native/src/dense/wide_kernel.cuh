@@ -83,6 +83,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       mbar::init(full + s, W::producers + (kTensorA ? 1 : 0));  // every producer's copies (and the tensor copy's bytes)
       mbar::init(empty + s, kSlotConsumers);
     }
+    // The tensor copies complete `full` through the async proxy: it must see the initialised barriers.
+    if constexpr (kTensorA) wgmma::fence_async_shared();
   }
   __syncthreads();
   if (count <= 0) return;
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
         seek();
       } else {
         pb += W::k_rows * p.b_row_int4;
-        pa += W::k_tile / 8;
+        if constexpr (!kTensorA) pa += W::k_tile / 8;
       }
       if constexpr (W::row_groups) g_first = __ldg(p.row_groups + kt * W::k_tile);
     }
@@ -348,7 +350,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
 
   using Epilogue = ColumnEpilogue<W::m_rows, W::part_cols, W::consumers, F, Route::Dense, W::parts>;
   static_assert(Epilogue::kRedStride == W::red_stride, "one reduction tile layout");
-  static_assert(W::parts == 1 || (W::parts == 2 && !WholeSlots), "two parts: one per consumer warpgroup's chunks");
+  static_assert(W::parts == 1 || !WholeSlots, "parts: the consumer warpgroups' chunks, in turn");
+  static_assert(W::stash_passes == 1 || kTiles == 1, "stash passes: one per consumer warpgroup's chunk");
   // Accumulator (h, j, e) of lane (g, q) is C^T[n = n_of(h) + g + 8 (e/2)][m = 8j + 2q + e%2].
   auto stash = [&](const auto& a, int hs, auto n_of, bool add) {
 #pragma unroll
@@ -369,38 +372,48 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   // reduction buffer as one row-major 16-bit tile (stmatrix transposes each
   // 8 x 8 block of C^T that an accumulator fragment holds into eight 16-byte
   // rows of C), and leave it in 16-byte vectors: a third of the fp32 path's
-  // shared-memory traffic, one pass and one fence instead of two parts'.
+  // shared-memory traffic, and one fence instead of one per part. 256-row
+  // slabs stash one warpgroup's chunk at a time (W::stash_passes), which
+  // halves the buffer and buys a pipeline slot.
   auto stash_and_store = [&](const auto& a, int slab, int c, int col) {
     using N = typename F::N;
     const bool add_bias = p.bias != nullptr && !Epilogue::share_of(p, 0, c, col, range, p.iters, k_tiles, 0).adds();
     uint16_t* const stash = reinterpret_cast<uint16_t*>(sh_red);
     const int mi = lane >> 3;  // this lane addresses row lane % 8 of matrix mi of each stmatrix
+#pragma unroll 1
+    for (int pass = 0; pass < W::stash_passes; ++pass) {
+      if (W::stash_passes == 1 || group == pass) {
 #pragma unroll
-    for (int h = 0; h < kTiles; ++h) {
-      const int first = 64 * chunk + 16 * (tile0 + h);  // the warp's 16 columns of MMA h
-      float scale[2] = {1.f, 1.f}, bias[2] = {0.f, 0.f};
+        for (int h = 0; h < kTiles; ++h) {
+          const int first = 64 * chunk + 16 * (tile0 + h);  // the warp's 16 columns of MMA h
+          float scale[2] = {1.f, 1.f}, bias[2] = {0.f, 0.f};
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int n = c * W::n_tile + first + (lane >> 2) + 8 * hh;
-        if (!grouped) scale[hh] = Epilogue::channel_value(p.s, n, true);
-        if (add_bias) bias[hh] = Epilogue::channel_value(p.bias, n, p.route.bias_p32);
-      }
-      uint16_t* const rows = stash + (8 * (mi >> 1) + (lane & 7)) * W::stash_stride + first + 8 * (mi & 1);
+          for (int hh = 0; hh < 2; ++hh) {
+            const int n = c * W::n_tile + first + (lane >> 2) + 8 * hh;
+            if (!grouped) scale[hh] = Epilogue::channel_value(p.s, n, true);
+            if (add_bias) bias[hh] = Epilogue::channel_value(p.bias, n, p.route.bias_p32);
+          }
+          uint16_t* const rows = stash + (8 * (mi >> 1) + (lane & 7)) * W::stash_stride + first -
+                                 pass * W::stash_cols + 8 * (mi & 1);
 #pragma unroll
-      for (int j = 0; j < W::m8; j += 2) {
-        uint32_t r[4];  // matrix i: tokens 8 (j + i / 2).., columns first + 8 (i % 2)..
+          for (int j = 0; j < W::m8; j += 2) {
+            uint32_t r[4];  // matrix i: tokens 8 (j + i / 2).., columns first + 8 (i % 2)..
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float* const x = a[h][j + (i >> 1)] + 2 * (i & 1);
-          r[i] = add_bias ? N::from_floats(fmaf(x[0], scale[i & 1], bias[i & 1]), fmaf(x[1], scale[i & 1], bias[i & 1]))
-                          : N::from_floats(x[0] * scale[i & 1], x[1] * scale[i & 1]);  // keeps -0
+            for (int i = 0; i < 4; ++i) {
+              const float* const x = a[h][j + (i >> 1)] + 2 * (i & 1);
+              r[i] = add_bias
+                         ? N::from_floats(fmaf(x[0], scale[i & 1], bias[i & 1]), fmaf(x[1], scale[i & 1], bias[i & 1]))
+                         : N::from_floats(x[0] * scale[i & 1], x[1] * scale[i & 1]);  // keeps -0
+            }
+            ptx::stmatrix_x4_trans(rows + 8 * j * W::stash_stride, r);
+          }
         }
-        ptx::stmatrix_x4_trans(rows + 8 * j * W::stash_stride, r);
       }
+      consumer_sync();
+      Epilogue::template store_stashed<W::stash_stride, W::stash_cols>(
+          p, reinterpret_cast<const int4*>(sh_red), ctid, consumer_sync, slab, c, col, range, p.iters, k_tiles,
+          pass * W::stash_cols, pass == 0, pass == W::stash_passes - 1);
     }
-    consumer_sync();
-    Epilogue::template store_stashed<W::stash_stride>(p, reinterpret_cast<const int4*>(sh_red), ctid, consumer_sync,
-                                                      slab, c, col, range, p.iters, k_tiles);
   };
   auto finish_column = [&](int u, const auto& a) {
     const int col = u / k_tiles;
@@ -418,12 +431,12 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     } else if (!p.fp32_reduce || !Epilogue::share_of(p, 0, c, col, range, p.iters, k_tiles, 0).shared()) {
       stash_and_store(a, slab, c, col);
     } else {
-      // Each warpgroup holds its chunks (part `group`): tiles tile0 + h of chunk `chunk`.
-      const int base = W::parts == 1 ? 64 * chunk : 64 * (chunk - kTiles * group);
-      auto n_of = [&](int h) { return base + 16 * (tile0 + h); };
+      // A warp's tiles tile0 + h of chunk `chunk` lie in one part, `my_part`.
+      const int my_part = (64 * chunk + 16 * tile0) / W::part_cols;
+      auto n_of = [&](int h) { return 64 * chunk + 16 * (tile0 + h) - my_part * W::part_cols; };
 #pragma unroll 1
       for (int part = 0; part < W::parts; ++part) {
-        if (W::parts == 1 || group == part) stash(a, kTiles, n_of, false);
+        if (my_part == part) stash(a, kTiles, n_of, false);
         consumer_sync();
         Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters,
                                    k_tiles, part);

@@ -58,17 +58,21 @@ struct WideTile {
   static constexpr int z_stage = s_rows * n_chunks * 2;
   static constexpr int g_stage = RowGroups ? k_tile / 4 : 0;
   // The fp32 epilogue (fp32 reduce of a shared column) reduces and stores a
-  // column tile in two parts (one per consumer warpgroup's chunks, in turn),
-  // which halves its fp32 buffer and leaves room for deeper pipelines; 16-row
-  // slabs need little room and reduce the whole tile at once. Otherwise the
-  // tile leaves in one pass as 16-bit values (stash_stride).
-  static constexpr int parts = Tokens <= 16 ? 1 : 2;
+  // column tile in parts, one after the other through one buffer, which
+  // leaves room for deeper pipelines: two (one per consumer warpgroup's
+  // chunks), four of 32 columns for 256-row slabs (each warpgroup's chunk in
+  // two; the lock and c_tmp budgets per block hold four parts of a 128-column
+  // tile); 16-row slabs need little room and reduce the whole tile at once.
+  static constexpr int parts = Tokens <= 16 ? 1 : Tokens == 256 ? 4 : 2;
   static constexpr int part_cols = n_tile / parts;
   static constexpr int red_stride = part_cols + 4;
   static constexpr size_t red_bytes = 4 * static_cast<size_t>(Tokens) * red_stride;
   // Without fp32 reduce the same bytes hold the column tile's final 16-bit
-  // values, [m_rows][stash_stride] (rows 16 bytes apart in the banks).
-  static constexpr int stash_stride = n_tile + 8;
+  // values, [m_rows][stash_stride] (rows 16 bytes apart in the banks): the
+  // whole tile at once, or for 256-row slabs one warpgroup's chunk at a time.
+  static constexpr int stash_passes = Tokens == 256 ? 2 : 1;
+  static constexpr int stash_cols = n_tile / stash_passes;
+  static constexpr int stash_stride = stash_cols + 8;
   static_assert(2 * static_cast<size_t>(Tokens) * stash_stride <= red_bytes, "the stash fits the buffer");
   static constexpr size_t stage_bytes = 16 * static_cast<size_t>(a_stage + b_stage + s_stage + z_stage + g_stage);
   // Slabs of 16 and 32 rows are a weight stream: small slots, many of them
