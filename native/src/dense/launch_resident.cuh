@@ -48,7 +48,8 @@ cudaError_t launch_resident(int threads, size_t smem_bytes, int max_blocks, int 
     grid = (total + args.iters - 1) / args.iters;
   }
   if (launch.overlap_previous) {
-    const cudaError_t err = launch_chained(Kernel, dim3(grid), dim3(threads), smem_bytes, launch.stream, args, extra...);
+    const cudaError_t err =
+        launch_chained(Kernel, dim3(grid), dim3(threads), smem_bytes, launch.stream, args, extra...);
     if (err != cudaSuccess) *stage = FERRUM_STAGE_KERNEL_LAUNCH;
     return err;
   }

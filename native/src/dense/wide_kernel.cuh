@@ -8,9 +8,9 @@
 // pipeline slots (weights, scales and zero points by cp.async; the
 // activations by one tensor-memory copy per slot and swizzle atom, which
 // writes the 128-byte-swizzled rows the MMAs read; a slot's "full" mbarrier
-// completes when all of it has landed); warpgroups 1 and 2 only compute. Each consumer warpgroup owns
-// two 64-column chunks of the 256-column tile (one of a 128-column tile for
-// 256-row slabs): per 16-deep k step it dequantises a weight fragment per
+// completes when all of it has landed); warpgroups 1 and 2 only compute.
+// Each consumer warpgroup owns two 64-column chunks of the 256-column tile
+// (one of a 128-column tile for 256-row slabs): per 16-deep k step it dequantises a weight fragment per
 // chunk and issues one asynchronous warpgroup MMA per chunk (m64 x n{Tokens} x
 // k16, weights from registers, activations from the 128-byte-swizzled
 // slot), then waits only until at most three steps' MMAs are
@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   const int count = min(p.iters, total - u_begin);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar::init(full + s, W::producers + (kTensorA ? 1 : 0));  // every producer's copies (and the tensor copy's bytes)
+      // Every producer's copies, and the tensor copy's bytes.
+      mbar::init(full + s, W::producers + (kTensorA ? 1 : 0));
       mbar::init(empty + s, kSlotConsumers);
     }
     // The tensor copies complete `full` through the async proxy: it must see the initialised barriers.
