@@ -167,8 +167,14 @@ struct Format {
   // U4 with one zero-point pair {E + z(c), E + z(c+8)} for all four rows.
   __device__ static Frag16x16 dequant(const uint32_t* w, uint32_t zero) {
     if constexpr (zero_points) {
-      const uint32_t lo = pair_low(zero), hi = pair_high(zero);
-      return dequant(w, Frag16x16{{lo, hi, lo, hi}});
+      // {E + z(c), E + z(c+8)}: registers 0, 2 take column c, 1, 3 column c + 8.
+      Frag16x16 f, f_hi;
+      images(w, f, f_hi);
+      f.r[0] = N::sub_low(f.r[0], zero);
+      f.r[1] = N::sub_high(f.r[1], zero);
+      f.r[2] = N::sub_low(f.r[2], zero);
+      f.r[3] = N::sub_high(f.r[3], zero);
+      return f;
     } else {
       return dequant(w, Frag16x16{});
     }
@@ -207,8 +213,10 @@ struct Format {
 
   // Multiplies a fragment by {scale(c), scale(c+8)}.
   __device__ static void scale(Frag16x16& f, uint32_t pair) {
-    const uint32_t s_c = pair_low(pair), s_c8 = pair_high(pair);
-    scale(f, Frag16x16{{s_c, s_c8, s_c, s_c8}});
+    f.r[0] = N::mul_low(f.r[0], pair);
+    f.r[1] = N::mul_high(f.r[1], pair);
+    f.r[2] = N::mul_low(f.r[2], pair);
+    f.r[3] = N::mul_high(f.r[3], pair);
   }
 
   // Multiplies each register by its own scale pair.

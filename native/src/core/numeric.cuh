@@ -13,8 +13,6 @@
 namespace ferrum {
 
 // Type-agnostic pair helpers (pure bit moves).
-__device__ __forceinline__ uint32_t pair_low(uint32_t x) { return __byte_perm(x, 0, 0x1010); }
-__device__ __forceinline__ uint32_t pair_high(uint32_t x) { return __byte_perm(x, 0, 0x3232); }
 __device__ __forceinline__ uint32_t pair_neg(uint32_t x) { return x ^ 0x80008000u; }
 
 template <AType A>
@@ -33,6 +31,12 @@ struct Num<AType::F16> {
   __device__ static uint32_t fma(uint32_t a, uint32_t b, uint32_t c) {
     return u(__hfma2(v(a), v(b), v(c)));
   }
+  // a times (minus) the low or the high half of pair b, on both halves: the
+  // broadcast is the instruction's operand selector, not a byte permute.
+  __device__ static uint32_t mul_low(uint32_t a, uint32_t b) { return u(__hmul2(v(a), __low2half2(v(b)))); }
+  __device__ static uint32_t mul_high(uint32_t a, uint32_t b) { return u(__hmul2(v(a), __high2half2(v(b)))); }
+  __device__ static uint32_t sub_low(uint32_t a, uint32_t b) { return u(__hsub2(v(a), __low2half2(v(b)))); }
+  __device__ static uint32_t sub_high(uint32_t a, uint32_t b) { return u(__hsub2(v(a), __high2half2(v(b)))); }
   __device__ static float2 to_float2(uint32_t a) { return __half22float2(v(a)); }
   __device__ static uint32_t from_floats(float lo, float hi) { return u(__floats2half2_rn(lo, hi)); }
   // Fire-and-forget reduction in L2: atomicAdd's returning form makes every
@@ -55,6 +59,12 @@ struct Num<AType::BF16> {
   __device__ static uint32_t fma(uint32_t a, uint32_t b, uint32_t c) {
     return u(__hfma2(v(a), v(b), v(c)));
   }
+  // a times (minus) the low or the high half of pair b, on both halves: the
+  // broadcast is the instruction's operand selector, not a byte permute.
+  __device__ static uint32_t mul_low(uint32_t a, uint32_t b) { return u(__hmul2(v(a), __low2bfloat162(v(b)))); }
+  __device__ static uint32_t mul_high(uint32_t a, uint32_t b) { return u(__hmul2(v(a), __high2bfloat162(v(b)))); }
+  __device__ static uint32_t sub_low(uint32_t a, uint32_t b) { return u(__hsub2(v(a), __low2bfloat162(v(b)))); }
+  __device__ static uint32_t sub_high(uint32_t a, uint32_t b) { return u(__hsub2(v(a), __high2bfloat162(v(b)))); }
   // A bf16 is the top half of its fp32: one shift and one mask (the intrinsic
   // spends a byte permute and a multiply on the high half).
   __device__ static float2 to_float2(uint32_t a) {

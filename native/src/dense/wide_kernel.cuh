@@ -244,15 +244,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[h][j][e] = 0.f;
   };
-  // What a lane reads from a slot for one 16-deep step: its tiles' codes,
-  // their scale pairs and the zero-point word. Read for all steps of a slot at
-  // once, so the shared-memory latency is paid once per slot, not per step.
-  struct StepWords {
-    uint32_t w[W::chunks_per_group * F::words];
-    uint32_t scales[W::chunks_per_group];
-    uint32_t zero;
-  };
-  auto read_words = [&](const int4* sb, int row, uint32_t (&w)[kTiles * F::words]) {
+  // A lane's codes of one 16-deep step (its tiles' words), read for all steps
+  // of a slot at once, so the shared-memory latency is paid once per slot.
+  using StepWords = uint32_t[kTiles * F::words];
+  auto read_words = [&](const int4* sb, int row, StepWords& w) {
     const uint32_t* const src = reinterpret_cast<const uint32_t*>(sb + (row * W::n_chunks + chunk) * 32 * W::b_words +
                                                                   lane * W::b_words) +
                                 tile0 * F::words;
@@ -270,31 +265,34 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       w[3] = v.w;
     }
   };
-  auto read_step = [&](const int4* sb, const int4* ss, const int4* sz, int row, StepWords& sw) {
-    read_words(sb, row, sw.w);
-    const int s_row = (16 * row) >> z_shift;
-    sw.zero = 0u;
+  // The scale pairs of this lane's tiles and its zero-point word in group row
+  // s_row of a slot (pairs stay zero when channelwise: the epilogue scales).
+  struct GroupPairs {
+    uint32_t scales[kTiles];
+    uint32_t zero;
+  };
+  auto read_pairs = [&](const int4* ss, const int4* sz, int s_row) {
+    GroupPairs g{};
     if constexpr (F::zero_points)
-      sw.zero = reinterpret_cast<const uint32_t*>(sz + s_row * (W::n_chunks * 2) + chunk * 2)[lane >> 2];
-#pragma unroll
-    for (int h = 0; h < kTiles; ++h) sw.scales[h] = 0u;
+      g.zero = reinterpret_cast<const uint32_t*>(sz + s_row * (W::n_chunks * 2) + chunk * 2)[lane >> 2];
     if (grouped) {
-      const int4* const pairs = ss + s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2);  // tiles 0..3
+      const int4* const pairs = ss + (s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2));  // tiles 0..3
       if constexpr (kTiles == 2) {
         const uint2 v = reinterpret_cast<const uint2*>(pairs)[tile0 >> 1];
-        sw.scales[0] = v.x;
-        sw.scales[1] = v.y;
+        g.scales[0] = v.x;
+        g.scales[1] = v.y;
       } else {
-        sw.scales[0] = reinterpret_cast<const uint32_t*>(pairs)[tile0];
+        g.scales[0] = reinterpret_cast<const uint32_t*>(pairs)[tile0];
       }
     }
+    return g;
   };
   // The step's weight fragments: exact values times their group scales.
-  auto fragments = [&](const StepWords& sw, Frag16x16 (&f)[kTiles]) {
+  auto fragments = [&](const StepWords& w, const GroupPairs& g, Frag16x16 (&f)[kTiles]) {
 #pragma unroll
     for (int h = 0; h < kTiles; ++h) {
-      f[h] = F::dequant(sw.w + h * F::words, F::zero_points ? F::zero_pair(sw.zero, tile0 + h) : 0u);
-      if (grouped) F::scale(f[h], sw.scales[h]);
+      f[h] = F::dequant(w + h * F::words, F::zero_points ? F::zero_pair(g.zero, tile0 + h) : 0u);
+      if (grouped) F::scale(f[h], g.scales[h]);
     }
   };
 
@@ -303,7 +301,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   // g0 + s_rows - 1) or else, clamped, from global memory through the same
   // generic load; a step inside one group (the sorted g_idx has equal ends)
   // scales like any group, others per fragment row (k, k+1, k+8, k+9).
-  auto row_fragments = [&](int slot, const int4* ss, const int4* sz, int col, int row, const StepWords& sw,
+  auto row_fragments = [&](int slot, const int4* ss, const int4* sz, int col, int row, const StepWords& w,
                            Frag16x16 (&f)[kTiles]) {
     const int* const sg = reinterpret_cast<const int*>(sh_g + slot * W::g_stage);
     const int g0 = sg[0];
@@ -335,7 +333,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       pairs_of(first, sp, zw);
 #pragma unroll
       for (int h = 0; h < kTiles; ++h) {
-        f[h] = F::dequant(sw.w + h * F::words, F::zero_points ? F::zero_pair(zw, tile0 + h) : 0u);
+        f[h] = F::dequant(w + h * F::words, F::zero_points ? F::zero_pair(zw, tile0 + h) : 0u);
         F::scale(f[h], sp[h]);
       }
       return;
@@ -346,7 +344,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     uint32_t zw[4] = {};
 #pragma unroll
     for (int j = 0; j < 4; ++j) pairs_of(rows[kRowOffsets[j]], sp[j], zw[j]);
-    dequant_row_groups<F, kTiles>(sw.w, sp, zw, tile0, f);
+    dequant_row_groups<F, kTiles>(w, sp, zw, tile0, f);
   };
 
   using Epilogue = ColumnEpilogue<W::m_rows, W::part_cols, W::consumers, F, Route::Dense, W::parts>;
@@ -461,9 +459,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     const int4* z;
     uint64_t desc;  // of the slot's first step (step_desc)
   };
-  auto await_slot = [&](int i) -> Slot {
-    const int slot = i % kStages;
-    mbar::wait(full + slot, (i / kStages) & 1);
+  auto await_slot = [&](int slot, uint32_t parity) -> Slot {
+    mbar::wait(full + slot, parity);
     // 16-byte copies' activations, visible to the MMA's async proxy (tensor copies write there).
     if constexpr (!kTensorA) wgmma::fence_async_shared();
     return Slot{slot, sh_b + slot * W::b_stage, sh_s + slot * W::s_stage, sh_z + slot * W::z_stage,
@@ -509,7 +506,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
 #pragma unroll 1
       for (; i < run_end; ++i) {
         if (i % W::groups != group) continue;
-        const Slot sl = await_slot(i);
+        const Slot sl = await_slot(i % kStages, (i / kStages) & 1);
         uint32_t zeros[4] = {0u, 0u, 0u, 0u};  // {E + z(c), E + z(c+8)} of tile h, window's group
         auto load_zeros = [&](int z_row) {
           if constexpr (F::zero_points) {
@@ -562,8 +559,14 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     // MMA groups (steps) left in flight while the next step is dequantised.
     constexpr int kPending = 3;
     static_assert(kPending < W::k_rows, "a slot is released within the next slot's steps");
+    static_assert(W::k_rows == 4, "64-deep slots: one group row, or two for groups of 32");
     int release = -1;  // the slot whose MMAs may still be in flight
     Frag16x16 f[W::k_rows][kTiles];
+    // Slot i's ring index and phase, advanced by one per slot (no division per slot).
+    int ring = i % kStages;
+    uint32_t parity = (i / kStages) & 1;
+    // Group row of the slot's last two steps: 1 for groups of 32 (groups are 32 or more).
+    const int upper_s_row = (16 * W::k_rows / 2) >> z_shift;
 #pragma unroll 1
     while (i < count) {
       const int run_end = i + min(count - i, k_tiles - c_kt);
@@ -571,23 +574,27 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       zero_acc();
 #pragma unroll 1
       for (; i < run_end; ++i) {
-        const Slot sl = await_slot(i);
-        StepWords sw[W::k_rows];
+        const Slot sl = await_slot(ring, parity);
+        if (++ring == kStages) {
+          ring = 0;
+          parity ^= 1u;
+        }
+        StepWords w[W::k_rows];
 #pragma unroll
-        for (int row = 0; row < W::k_rows; ++row) {
-          if constexpr (W::row_groups)
-            read_words(sl.b, row, sw[row].w);
-          else
-            read_step(sl.b, sl.s, sl.z, row, sw[row]);
+        for (int row = 0; row < W::k_rows; ++row) read_words(sl.b, row, w[row]);
+        GroupPairs pairs[2]{};
+        if constexpr (!W::row_groups) {
+          pairs[0] = read_pairs(sl.s, sl.z, 0);
+          pairs[1] = read_pairs(sl.s, sl.z, upper_s_row);
         }
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row) {
           // One register set per step of the slot: a step's fragments are
           // rewritten four steps later, after its MMAs retired (kPending < 4).
           if constexpr (W::row_groups)
-            row_fragments(sl.index, sl.s, sl.z, col, row, sw[row], f[row]);
+            row_fragments(sl.index, sl.s, sl.z, col, row, w[row], f[row]);
           else
-            fragments(sw[row], f[row]);
+            fragments(w[row], pairs[row / (W::k_rows / 2)], f[row]);
           wgmma::fence();
 #pragma unroll
           for (int h = 0; h < kTiles; ++h) wgmma::mma_m64k16<W::m_rows, kBf16>(acc[h], f[row][h].r, step_desc(sl.desc, row));
