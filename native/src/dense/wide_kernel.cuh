@@ -81,7 +81,11 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       // Every producer's copies, and the tensor copy's bytes.
+#ifdef FERRUM_DIAG_NO_A
+      mbar::init(full + s, W::producers + 1);
+#else
       mbar::init(full + s, W::producers + (kTensorA ? 1 : 0));
+#endif
       mbar::init(empty + s, kSlotConsumers);
     }
     // The tensor copies complete `full` through the async proxy: it must see the initialised barriers.
@@ -151,10 +155,18 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       int4* const db = sh_b + slot * W::b_stage + tid;
 #pragma unroll
       for (int j = 0; j < kBCopies; ++j)
+#ifdef FERRUM_DIAG_NO_B
+        if (i < kStages)
+#endif
         ptx::cp_async16(db + j * W::producers,
                         pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4);
       if constexpr (kTensorA) {
+#ifdef FERRUM_DIAG_NO_A
+        if (tid == 0 && i >= kStages) mbar::arrive(full + slot);
+        if (tid == 0 && i < kStages) {
+#else
         if (tid == 0) {
+#endif
           tma::arrive_expect_tx(full + slot, 16u * W::a_stage);
 #pragma unroll
           for (int atom = 0; atom < W::k_atoms; ++atom)
@@ -271,11 +283,14 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     uint32_t scales[kTiles];
     uint32_t zero;
   };
-  auto read_pairs = [&](const int4* ss, const int4* sz, int s_row) {
+  // `scaled`: grouped, a constant of each copy of the slot loop (a run-time
+  // test around each scale multiply split the steps into blocks that ptxas
+  // would not interleave).
+  auto read_pairs = [&](const int4* ss, const int4* sz, int s_row, bool scaled) {
     GroupPairs g{};
     if constexpr (F::zero_points)
       g.zero = reinterpret_cast<const uint32_t*>(sz + s_row * (W::n_chunks * 2) + chunk * 2)[lane >> 2];
-    if (grouped) {
+    if (scaled) {
       const int4* const pairs = ss + (s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2));  // tiles 0..3
       if constexpr (kTiles == 2) {
         const uint2 v = reinterpret_cast<const uint2*>(pairs)[tile0 >> 1];
@@ -288,11 +303,11 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     return g;
   };
   // The step's weight fragments: exact values times their group scales.
-  auto fragments = [&](const StepWords& w, const GroupPairs& g, Frag16x16 (&f)[kTiles]) {
+  auto fragments = [&](const StepWords& w, const GroupPairs& g, Frag16x16 (&f)[kTiles], bool scaled) {
 #pragma unroll
     for (int h = 0; h < kTiles; ++h) {
       f[h] = F::dequant(w + h * F::words, F::zero_points ? F::zero_pair(g.zero, tile0 + h) : 0u);
-      if (grouped) F::scale(f[h], g.scales[h]);
+      if (scaled) F::scale(f[h], g.scales[h]);
     }
   };
 
@@ -572,39 +587,45 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       const int run_end = i + min(count - i, k_tiles - c_kt);
       [[maybe_unused]] const int col = (u_begin + i) / k_tiles % n_tiles;  // row groups' global reads
       zero_acc();
+      auto slots = [&](const bool scaled) {
 #pragma unroll 1
-      for (; i < run_end; ++i) {
-        const Slot sl = await_slot(ring, parity);
-        if (++ring == kStages) {
-          ring = 0;
-          parity ^= 1u;
-        }
-        StepWords w[W::k_rows];
+        for (; i < run_end; ++i) {
+          const Slot sl = await_slot(ring, parity);
+          if (++ring == kStages) {
+            ring = 0;
+            parity ^= 1u;
+          }
+          StepWords w[W::k_rows];
 #pragma unroll
-        for (int row = 0; row < W::k_rows; ++row) read_words(sl.b, row, w[row]);
-        GroupPairs pairs[2]{};
-        if constexpr (!W::row_groups) {
-          pairs[0] = read_pairs(sl.s, sl.z, 0);
-          pairs[1] = read_pairs(sl.s, sl.z, upper_s_row);
-        }
+          for (int row = 0; row < W::k_rows; ++row) read_words(sl.b, row, w[row]);
+          GroupPairs pairs[2]{};
+          if constexpr (!W::row_groups) {
+            pairs[0] = read_pairs(sl.s, sl.z, 0, scaled);
+            pairs[1] = read_pairs(sl.s, sl.z, upper_s_row, scaled);
+          }
 #pragma unroll
-        for (int row = 0; row < W::k_rows; ++row) {
-          // One register set per step of the slot: a step's fragments are
-          // rewritten four steps later, after its MMAs retired (kPending < 4).
-          if constexpr (W::row_groups)
-            row_fragments(sl.index, sl.s, sl.z, col, row, w[row], f[row]);
-          else
-            fragments(w[row], pairs[row / (W::k_rows / 2)], f[row]);
-          wgmma::fence();
+          for (int row = 0; row < W::k_rows; ++row) {
+            // One register set per step of the slot: a step's fragments are
+            // rewritten four steps later, after its MMAs retired (kPending < 4).
+            if constexpr (W::row_groups)
+              row_fragments(sl.index, sl.s, sl.z, col, row, w[row], f[row]);
+            else
+              fragments(w[row], pairs[row / (W::k_rows / 2)], f[row], scaled);
+            wgmma::fence();
 #pragma unroll
-          for (int h = 0; h < kTiles; ++h) wgmma::mma_m64k16<W::m_rows, kBf16>(acc[h], f[row][h].r, step_desc(sl.desc, row));
-          wgmma::commit();
-          wgmma::wait<kPending>();
-          // The previous slot's last step has retired once kPending newer ones were issued.
-          if (row == kPending - 1 && release >= 0) mbar::arrive(empty + release);
+            for (int h = 0; h < kTiles; ++h) wgmma::mma_m64k16<W::m_rows, kBf16>(acc[h], f[row][h].r, step_desc(sl.desc, row));
+            wgmma::commit();
+            wgmma::wait<kPending>();
+            // The previous slot's last step has retired once kPending newer ones were issued.
+            if (row == kPending - 1 && release >= 0) mbar::arrive(empty + release);
+          }
+          release = sl.index;
         }
-        release = sl.index;
-      }
+      };
+      if (grouped)
+        slots(true);
+      else
+        slots(false);
       wgmma::wait<0>();
       mbar::arrive(empty + release);
       release = -1;
