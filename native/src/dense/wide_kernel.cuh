@@ -81,11 +81,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       // Every producer's copies, and the tensor copy's bytes.
-#ifdef FERRUM_DIAG_NO_A
-      mbar::init(full + s, W::producers + 1);
-#else
       mbar::init(full + s, W::producers + (kTensorA ? 1 : 0));
-#endif
       mbar::init(empty + s, kSlotConsumers);
     }
     // The tensor copies complete `full` through the async proxy: it must see the initialised barriers.
@@ -155,18 +151,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       int4* const db = sh_b + slot * W::b_stage + tid;
 #pragma unroll
       for (int j = 0; j < kBCopies; ++j)
-#ifdef FERRUM_DIAG_NO_B
-        if (i < kStages)
-#endif
         ptx::cp_async16(db + j * W::producers,
                         pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4);
       if constexpr (kTensorA) {
-#ifdef FERRUM_DIAG_NO_A
-        if (tid == 0 && i >= kStages) mbar::arrive(full + slot);
-        if (tid == 0 && i < kStages) {
-#else
         if (tid == 0) {
-#endif
           tma::arrive_expect_tx(full + slot, 16u * W::a_stage);
 #pragma unroll
           for (int atom = 0; atom < W::k_atoms; ++atom)
@@ -283,9 +271,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     uint32_t scales[kTiles];
     uint32_t zero;
   };
-  // `scaled`: grouped, a constant of each copy of the slot loop (a run-time
-  // test around each scale multiply split the steps into blocks that ptxas
-  // would not interleave).
+  // `scaled` (grouped scales) is a constant of each copy of the slot loop
+  // (`slots` below).
   auto read_pairs = [&](const int4* ss, const int4* sz, int s_row, bool scaled) {
     GroupPairs g{};
     if constexpr (F::zero_points)
@@ -587,6 +574,9 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       const int run_end = i + min(count - i, k_tiles - c_kt);
       [[maybe_unused]] const int col = (u_begin + i) / k_tiles % n_tiles;  // row groups' global reads
       zero_acc();
+      // The run's slots, in one copy per value of `scaled` (inlined at both
+      // calls): a run-time test around each scale multiply split the steps
+      // into blocks that ptxas did not schedule across (W4A16 m = 64 5 % slower).
       auto slots = [&](const bool scaled) {
 #pragma unroll 1
         for (; i < run_end; ++i) {
