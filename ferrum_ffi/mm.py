@@ -30,14 +30,14 @@ from .validation import (
 )
 
 _int_p = ctypes.POINTER(ctypes.c_int)
-_sm_counts: dict[int, int] = {}
-_sm_lock = threading.Lock()
+_device_facts: dict[int, tuple[int, int]] = {}  # device -> (multiprocessors, compute capability major)
+_facts_lock = threading.Lock()
 
 
-def device_sm_count(device: int) -> int:
-    """Multiprocessors of ``device`` (asked once per device, then cached): what
-    ``sms = -1`` resolves to when sizing the workspace and c_tmp."""
-    cached = _sm_counts.get(device)
+def _facts(device: int) -> tuple[int, int]:
+    """The device's multiprocessor count and compute capability major, asked
+    once per device, then cached."""
+    cached = _device_facts.get(device)
     if cached is not None:
         return cached
     lib = library()
@@ -47,9 +47,21 @@ def device_sm_count(device: int) -> int:
         device, name, len(name), ctypes.byref(major), ctypes.byref(minor), ctypes.byref(sms), ctypes.byref(total)
     )
     lib.check("ferrum_marlin_device_info", code, {"device": device})
-    with _sm_lock:
-        _sm_counts[device] = sms.value
-    return sms.value
+    facts = (sms.value, major.value)
+    with _facts_lock:
+        _device_facts[device] = facts
+    return facts
+
+
+def device_sm_count(device: int) -> int:
+    """Multiprocessors of ``device``: what ``sms = -1`` resolves to when
+    sizing the workspace and c_tmp."""
+    return _facts(device)[0]
+
+
+def device_compute_major(device: int) -> int:
+    """The compute capability major of ``device`` (9: Hopper)."""
+    return _facts(device)[1]
 
 
 def resolved_sms(sms: int, device: int) -> int:

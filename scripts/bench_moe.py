@@ -431,10 +431,12 @@ class Routing:
     touched: int
 
 
-def device_routing(bench: Bench, layer: LayerSpec, m: int, seed: int, block: int | None) -> Routing:
+def device_routing(bench: Bench, layer: LayerSpec, m: int, seed: int, block: int | None,
+                   warp_specialised: bool) -> Routing:
     ids, weights = route(m, layer.top_k, layer.experts, seed)
     touched = int(touched_experts(ids).size)
-    block = block or bench.ff.moe_layer.default_block_size(m, layer.top_k, layer.experts)  # fused_moe's rule
+    # fused_moe's rule
+    block = block or bench.ff.moe_layer.default_block_size(m, layer.top_k, layer.experts, warp_specialised)
     ids_device = bench.cp.asarray(ids)
     sorted_ids, expert_ids, count = bench.ff.moe_ops.moe_align_block_size(ids_device, layer.experts, block)
     return Routing(ids, weights, block, sorted_ids, expert_ids, count, ids_device, bench.cp.asarray(weights), touched)
@@ -613,6 +615,7 @@ def bench_layer(bench: Bench, layer: LayerSpec, options: RunOptions, report: Rep
     print(f"[{layer.key}] {layer.title}: preparing {layer.experts} experts x {len(layer.gemms)} projections "
           f"({layer.kind}) ...", flush=True)
     weights = [random_marlin_weight(bench, layer, gemm, options.seed) for gemm in layer.gemms]
+    warp_specialised = ff.moe_layer.tall_blocks_warp_specialised(cp.cuda.Device().id, *weights)
     dense = None
     if options.cublas:
         if layer.activation == "bf16" and bench.torch is None:
@@ -628,7 +631,7 @@ def bench_layer(bench: Bench, layer: LayerSpec, options: RunOptions, report: Rep
     gate_up, down = layer.gemms
     for m in options.m_values:
         try:
-            routing = device_routing(bench, layer, m, options.seed, options.block)
+            routing = device_routing(bench, layer, m, options.seed, options.block, warp_specialised)
         except Exception as exc:  # noqa: BLE001
             report.errors.append(f"{layer.key} m={m} routing: {exc!r}")
             continue

@@ -116,7 +116,7 @@ def install_library(monkeypatch, lib: FakeLibrary | None = None) -> FakeLibrary:
     """Route the raw-pointer launcher to ``lib`` (a fresh sm-count cache)."""
     lib = lib or FakeLibrary()
     monkeypatch.setattr(mm, "library", lambda: lib)
-    monkeypatch.setattr(mm, "_sm_counts", {})
+    monkeypatch.setattr(mm, "_device_facts", {})
     return lib
 
 

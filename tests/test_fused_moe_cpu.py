@@ -122,6 +122,35 @@ def test_default_block_size_holds_an_average_experts_rows(m, top_k, experts, exp
     assert expected >= min(rows if rows <= 16 else rows + math.sqrt(rows), 64)
 
 
+@pytest.mark.parametrize("m, top_k, experts, expected", [
+    (64, 8, 128, 8), (129, 8, 128, 32), (192, 8, 128, 32), (256, 8, 128, 32), (512, 8, 128, 48), (256, 4, 32, 48),
+])
+def test_warp_specialised_layers_take_32_row_blocks_for_9_to_16_rows(m, top_k, experts, expected):
+    assert layer.default_block_size(m, top_k, experts, warp_specialised=True) == expected
+
+
+def test_tall_blocks_follow_the_native_planners_rule(monkeypatch):
+    class Lib:
+        build_info = "ferrum_marlin 0.1.0; abi 9; cuda archs 80-real 90a-real 90-virtual"
+
+    major = {"value": 9}
+    monkeypatch.setattr(layer, "library", lambda: Lib)
+    monkeypatch.setattr(layer, "device_compute_major", lambda device: major["value"])
+
+    def w(kind: str, n: int) -> SimpleNamespace:
+        return SimpleNamespace(kind=kind, n=n)
+
+    assert layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2048))
+    assert layer.tall_blocks_warp_specialised(0, w("fe4m3fn", 512), w("fe4m3fn", 256))
+    assert not layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2880))  # down N % 256
+    assert not layer.tall_blocks_warp_specialised(0, w("mxfp4", 5760), w("mxfp4", 3072))
+    major["value"] = 8
+    assert not layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2048))
+    major["value"] = 9
+    Lib.build_info = "ferrum_marlin 0.1.0; abi 9; cuda archs 80-real 90-virtual"
+    assert not layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2048))
+
+
 # ---- fakes -------------------------------------------------------------------------------------
 
 

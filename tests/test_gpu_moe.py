@@ -389,6 +389,37 @@ def test_every_m_and_top_k(cp, name, m, top_k):
         assert_rows(got, reference_rows(x, weight.w, routing, weight.bias, mul=True), TOLERANCE[weight.dtype])
 
 
+# On Hopper, blocks of 32 and 64 rows of the FP16 formats run the
+# warp-specialised kernel wherever 256 divides N (elsewhere, and on other GPUs,
+# the 8-warp kernel serves them and this test checks that path instead).
+WIDE_SHAPE = (512, 512)  # (N, K): two 256-column tiles, eight 64-deep k tiles
+
+
+@pytest.mark.parametrize("name", [name for name in WEIGHT_CONFIGS if name != "mxfp4"])
+@pytest.mark.parametrize("block", [32, 64])
+def test_tall_routing_blocks_of_every_fp16_format(cp, name, block):
+    weight = make_weight(cp, name, WIDE_SHAPE, experts=6)
+    rng = np.random.default_rng([block, 11])
+    # 210 routed rows over 6 experts: several blocks per expert at 32 rows,
+    # partly filled blocks at 64; the columns' k runs are split over blocks.
+    routing = route(rng, 70, 3, 6, block)
+    x = activations(rng, 70, weight.device.logical_k, weight.dtype)
+    for fp32_reduce in (False, True):
+        got = run_moe(cp, weight.device, x, routing, block, fp32_reduce=fp32_reduce, mul=fp32_reduce)
+        assert_rows(got, reference_rows(x, weight.w, routing, weight.bias, fp32_reduce), TOLERANCE[weight.dtype])
+    # Expert parallelism: 8 global experts, this rank holds the 6; blocks of
+    # the other two carry expert id -1 and leave their rows untouched.
+    expert_map = np.full(8, -1, dtype=np.int32)
+    expert_map[rng.choice(8, 6, replace=False)] = rng.permutation(6).astype(np.int32)
+    routing = route(rng, 33, 4, 8, block, expert_map)
+    assert (routing.expert_ids[: routing.count[0] // block] == -1).any()
+    x = activations(rng, 33, weight.device.logical_k, weight.dtype)
+    got = run_moe(cp, weight.device, x, routing, block, mul=True, is_ep=True)
+    ref = reference_rows(x, weight.w, routing, weight.bias, mul=True)
+    assert np.isnan(ref[:, 0]).any()
+    assert_rows(got, ref, TOLERANCE[weight.dtype])
+
+
 @pytest.mark.parametrize("name", ["u4b8-g128", "u4-g64", "fe4m3fn-g128", "mxfp4"])
 @pytest.mark.parametrize("block", [8, 48])
 def test_expert_parallel_rows_of_other_ranks_stay_untouched(cp, name, block):

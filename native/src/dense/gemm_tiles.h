@@ -64,9 +64,13 @@ cudaError_t launch_slab(NConfig nc, Args& args, const Launch& launch, int* stage
 // The routed (MoE) kernels, likewise one generated file per format and height.
 template <AType A, WType W, int M8, Route R>
 cudaError_t launch_routed(NConfig nc, Args& args, const Launch& launch, int* stage);
-// The warp-specialised Hopper kernels of one format (tokens: 64 or 128 rows
+// The warp-specialised Hopper kernels of one format (tokens: 16 to 256 rows
 // per slab), one generated file per format.
 template <AType A, WType W>
 cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage);
+// Their routed (fused-MoE, sorted_token_ids) form for routing blocks of 32 or
+// 64 rows, one generated file per fused-MoE format.
+template <AType A, WType W>
+cudaError_t launch_wide_routed(int tokens, Args& args, const Launch& launch, int* stage);
 
 }  // namespace ferrum::dense

@@ -44,7 +44,7 @@
 
 namespace ferrum::dense {
 
-template <class W, class F, bool WholeSlots, bool TwoWindows = false>
+template <class W, class F, bool WholeSlots, bool TwoWindows = false, Route R = Route::Dense>
 __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const __grid_constant__ CUtensorMap a_map) {
 #ifdef FERRUM_WGMMA_AVAILABLE
   constexpr bool kBf16 = F::bf16;
@@ -59,6 +59,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   // Dequantisation mode: MMAs (weight tiles per lane) per warpgroup and step.
   constexpr int kTiles = W::chunks_per_group;
   constexpr bool kTensorA = W::tensor_a;
+  // Routed (vLLM fused MoE) slabs: one routing block each, the weights of its
+  // expert, rows gathered by sorted_token_ids (see gemm_kernel.cuh's Route).
+  constexpr bool kSorted = R == Route::Sorted;
+  static_assert(R == Route::Dense || (kSorted && W::gather && !WholeSlots), "routed slabs: gathered rows");
   // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
   extern __shared__ __align__(1024) int4 smem[];
   int4* const sh_a = smem;
@@ -74,10 +78,23 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   const int tid = threadIdx.x;
   const int n_tiles = p.n / W::n_tile;
   const int k_tiles = p.k / W::k_tile;
-  const int total = p.slabs * n_tiles * k_tiles;
+  // Routed launches learn their slab count on the device (no host sync);
+  // every block derives the same split from it.
+  int slabs = p.slabs;
+  int iters = p.iters;
+  [[maybe_unused]] int used_ids = 0;
+  if constexpr (kSorted) {
+    ptx::enter_chain();  // the routing is the previous kernel's output
+    used_ids = max(__ldg(p.route.used_ids), 0);
+    slabs = (used_ids + W::m_rows - 1) / W::m_rows;
+    const long long units = static_cast<long long>(slabs) * n_tiles * k_tiles;
+    if (units == 0) return;
+    iters = static_cast<int>((units + gridDim.x - 1) / gridDim.x);
+  }
+  const int total = slabs * n_tiles * k_tiles;
   const int range = gridDim.x - 1 - blockIdx.x;
-  const int u_begin = range * p.iters;
-  const int count = min(p.iters, total - u_begin);
+  const int u_begin = range * iters;
+  const int count = min(iters, total - u_begin);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       // Every producer's copies, and the tensor copy's bytes.
@@ -121,22 +138,50 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     // B copy 0 of this thread: element tid of the slot's rows of kBRowInt4
     // (a 128-column tile's rows are shorter than the 128 producers).
     const int b_first = (tid / kBRowInt4) * p.b_row_int4 + tid % kBRowInt4;
+    // 16-byte activation copies (16-row and routed slabs): thread t copies
+    // unit t % 8 of rows t / 8 + 16 j of each atom.
+    constexpr int kACopies = kTensorA ? 1 : W::m_rows * 8 / W::producers;
+    static_assert(kTensorA || kACopies * W::producers == W::m_rows * 8, "activation copies split evenly");
     const int a_row = tid >> 3;
-    const int a_dst = a_row * 8 + ((tid & 7) ^ (a_row & 7));
-    static_assert(kTensorA || W::m_rows * 8 == W::producers, "16-row slabs: one 16-byte copy per producer and atom");
+    const int a_dst = a_row * 8 + ((tid & 7) ^ (a_row & 7));  // rows 16 apart keep the swizzle phase
     int kt = u_begin % k_tiles;
     int c = (u_begin / k_tiles) % n_tiles;
     int slab = u_begin / k_tiles / n_tiles;
     const int4* pb = nullptr;
-    const int4* pa = nullptr;
-    bool a_live = false;  // 16-row slabs: this thread's row exists (else it copies zeros)
+    const int4* pa[kACopies] = {};
+    bool a_live[kACopies] = {};  // this thread's rows exist (else it copies zeros)
+    [[maybe_unused]] int a_src[kACopies] = {};  // routed: their rows of A, fixed per slab
+    [[maybe_unused]] int seek_slab = -1;
+    [[maybe_unused]] long long expert = 0;  // routed: the slab's expert (< 0: skipped, nothing copied)
     auto seek = [&]() {
-      pb = gB + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 + b_first;
+      if constexpr (kSorted) {
+        if (slab != seek_slab) {
+          seek_slab = slab;
+          expert = __ldg(p.route.slab_experts + slab);
+#pragma unroll
+          for (int j = 0; j < kACopies; ++j) {
+            const int idx = slab * W::m_rows + a_row + 16 * j;
+            const int t = idx < used_ids ? __ldg(p.route.sorted_ids + idx) : -1;
+            a_live[j] = static_cast<unsigned>(t) < static_cast<unsigned>(p.route.rows);
+            a_src[j] = a_live[j] ? t / p.route.top_k : 0;
+          }
+        }
+      }
+      const long long e = kSorted ? max(expert, 0ll) : 0;
+      pb = gB + e * p.route.b_expert_int4 + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 +
+           b_first;
       if constexpr (!kTensorA) {
-        const int row = slab * W::m_rows + a_row;
-        a_live = row < p.m;
-        pa = static_cast<const int4*>(p.a) + static_cast<size_t>(a_live ? row : 0) * p.a_row_int4 +
-             kt * (W::k_tile / 8) + (tid & 7);
+#pragma unroll
+        for (int j = 0; j < kACopies; ++j) {
+          int row = a_src[j];
+          if constexpr (!kSorted) {
+            row = slab * W::m_rows + a_row + 16 * j;
+            a_live[j] = row < p.m;
+            row = a_live[j] ? row : 0;
+          }
+          pa[j] = static_cast<const int4*>(p.a) + static_cast<size_t>(row) * p.a_row_int4 + kt * (W::k_tile / 8) +
+                  (tid & 7);
+        }
       }
     };
     seek();
@@ -148,11 +193,14 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     for (int i = 0; i < count; ++i) {
       const int slot = i % kStages;
       if (i >= kStages) mbar::wait(empty + slot, ((i / kStages) - 1) & 1);
+      // A skipped routed slab (expert < 0) copies nothing: its slots only pass the barriers.
+      const bool copy = !kSorted || expert >= 0;
       int4* const db = sh_b + slot * W::b_stage + tid;
 #pragma unroll
       for (int j = 0; j < kBCopies; ++j)
-        ptx::cp_async16(db + j * W::producers,
-                        pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4);
+        if (copy)
+          ptx::cp_async16(db + j * W::producers,
+                          pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4);
       if constexpr (kTensorA) {
         if (tid == 0) {
           tma::arrive_expect_tx(full + slot, 16u * W::a_stage);
@@ -161,20 +209,26 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
             tma::load_2d(sh_a + slot * W::a_stage + atom * (W::m_rows * 8), &a_map, kt * W::k_tile + 64 * atom,
                          slab * W::m_rows, full + slot);
         }
-      } else {
+      } else if (copy) {
 #pragma unroll
         for (int atom = 0; atom < W::k_atoms; ++atom)
-          ptx::cp_async16_or_zero(sh_a + slot * W::a_stage + atom * (W::m_rows * 8) + a_dst, pa + 8 * atom, a_live);
+#pragma unroll
+          for (int j = 0; j < kACopies; ++j)
+            ptx::cp_async16_or_zero(sh_a + slot * W::a_stage + atom * (W::m_rows * 8) + a_dst + 128 * j,
+                                    pa[j] + 8 * atom, a_live[j]);
       }
-      if (tid < s_copies) {
+      const long long e = kSorted ? max(expert, 0ll) : 0;
+      if (copy && tid < s_copies) {
         const int group_row = ((kt * W::k_tile) >> p.group_shift) + tid / (W::n_chunks * 8);
         ptx::cp_async16(sh_s + slot * W::s_stage + tid,
-                        gS + static_cast<size_t>(group_row) * s_row_int4 + c * (W::n_chunks * 8) + tid % (W::n_chunks * 8));
+                        gS + e * (p.route.s_expert_bytes / 16) + static_cast<size_t>(group_row) * s_row_int4 +
+                            c * (W::n_chunks * 8) + tid % (W::n_chunks * 8));
       }
-      if (tid < z_copies) {
+      if (copy && tid < z_copies) {
         const int group_row = ((kt * W::k_tile) >> z_shift) + tid / (W::n_chunks * 2);
         ptx::cp_async16(sh_z + slot * W::z_stage + tid,
-                        gZ + static_cast<size_t>(group_row) * p.z_row_int4 + c * (W::n_chunks * 2) + tid % (W::n_chunks * 2));
+                        gZ + e * p.route.z_expert_int4 + static_cast<size_t>(group_row) * p.z_row_int4 +
+                            c * (W::n_chunks * 2) + tid % (W::n_chunks * 2));
       }
       if constexpr (W::row_groups) {
         if (tid < W::k_tile)
@@ -209,7 +263,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
         seek();
       } else {
         pb += W::k_rows * p.b_row_int4;
-        if constexpr (!kTensorA) pa += W::k_tile / 8;
+        if constexpr (!kTensorA) {
+#pragma unroll
+          for (int j = 0; j < kACopies; ++j) pa[j] += W::k_tile / 8;
+        }
       }
       if constexpr (W::row_groups) g_first = __ldg(p.row_groups + kt * W::k_tile);
     }
@@ -349,7 +406,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     dequant_row_groups<F, kTiles>(w, sp, zw, tile0, f);
   };
 
-  using Epilogue = ColumnEpilogue<W::m_rows, W::part_cols, W::consumers, F, Route::Dense, W::parts>;
+  using Epilogue = ColumnEpilogue<W::m_rows, W::part_cols, W::consumers, F, R, W::parts>;
   static_assert(Epilogue::kRedStride == W::red_stride, "one reduction tile layout");
   static_assert(W::parts == 1 || !WholeSlots, "parts: the consumer warpgroups' chunks, in turn");
   static_assert(W::stash_passes == 1 || kTiles == 1, "stash passes: one per consumer warpgroup's chunk");
@@ -378,7 +435,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   // halves the buffer and buys a pipeline slot.
   auto stash_and_store = [&](const auto& a, int slab, int c, int col) {
     using N = typename F::N;
-    const bool add_bias = p.bias != nullptr && !Epilogue::share_of(p, 0, c, col, range, p.iters, k_tiles, 0).adds();
+    const bool add_bias = p.bias != nullptr && !Epilogue::share_of(p, 0, c, col, range, iters, k_tiles, 0).adds();
     uint16_t* const stash = reinterpret_cast<uint16_t*>(sh_red);
     const int mi = lane >> 3;  // this lane addresses row lane % 8 of matrix mi of each stmatrix
 #pragma unroll 1
@@ -412,7 +469,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       }
       consumer_sync();
       Epilogue::template store_stashed<W::stash_stride, W::stash_cols>(
-          p, reinterpret_cast<const int4*>(sh_red), ctid, consumer_sync, slab, c, col, range, p.iters, k_tiles,
+          p, reinterpret_cast<const int4*>(sh_red), ctid, consumer_sync, slab, c, col, range, iters, k_tiles,
           pass * W::stash_cols, pass == 0, pass == W::stash_passes - 1);
     }
   };
@@ -428,20 +485,29 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
         if (group == g) stash(a, 4, n_of, g > 0);
         consumer_sync();
       }
-      Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters, k_tiles);
-    } else if (!p.fp32_reduce || !Epilogue::share_of(p, 0, c, col, range, p.iters, k_tiles, 0).shared()) {
-      stash_and_store(a, slab, c, col);
+      Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, iters, k_tiles);
     } else {
-      // A warp's tiles tile0 + h of chunk `chunk` lie in one part, `my_part`.
-      const int my_part = (64 * chunk + 16 * tile0) / W::part_cols;
-      auto n_of = [&](int h) { return 64 * chunk + 16 * (tile0 + h) - my_part * W::part_cols; };
+      // Part by part through the fp32 buffer: fp32 reduce of a shared column,
+      // and every routed column (rows by sorted_token_ids, top-k weights, the
+      // expert's bias and channelwise scales: store_rows).
+      auto store_parts = [&](long long e) {
+        // A warp's tiles tile0 + h of chunk `chunk` lie in one part, `my_part`.
+        const int my_part = (64 * chunk + 16 * tile0) / W::part_cols;
+        auto n_of = [&](int h) { return 64 * chunk + 16 * (tile0 + h) - my_part * W::part_cols; };
 #pragma unroll 1
-      for (int part = 0; part < W::parts; ++part) {
-        if (my_part == part) stash(a, kTiles, n_of, false);
-        consumer_sync();
-        Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, 0, slab, 0, c, col, range, p.iters,
-                                   k_tiles, part);
-      }
+        for (int part = 0; part < W::parts; ++part) {
+          if (my_part == part) stash(a, kTiles, n_of, false);
+          consumer_sync();
+          Epilogue::reduce_and_store(p, sh_red, sh_last, ctid, consumer_sync, used_ids, slab, e, c, col, range, iters,
+                                     k_tiles, part);
+        }
+      };
+      if constexpr (kSorted)
+        store_parts(__ldg(p.route.slab_experts + slab));
+      else if (!p.fp32_reduce || !Epilogue::share_of(p, 0, c, col, range, iters, k_tiles, 0).shared())
+        stash_and_store(a, slab, c, col);
+      else
+        store_parts(0);
     }
   };
 
@@ -573,6 +639,23 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     while (i < count) {
       const int run_end = i + min(count - i, k_tiles - c_kt);
       [[maybe_unused]] const int col = (u_begin + i) / k_tiles % n_tiles;  // row groups' global reads
+      if constexpr (kSorted) {
+        // A skipped routed slab (expert < 0): its slots pass the barriers
+        // empty-handed; no MMAs, no store, no lock.
+        if (__ldg(p.route.slab_experts + (u_begin + i) / k_tiles / n_tiles) < 0) {
+#pragma unroll 1
+          for (; i < run_end; ++i) {
+            const Slot sl = await_slot(ring, parity);
+            if (++ring == kStages) {
+              ring = 0;
+              parity ^= 1u;
+            }
+            mbar::arrive(empty + sl.index);
+          }
+          c_kt = 0;
+          continue;
+        }
+      }
       zero_acc();
       // The run's slots, in one copy per value of `scaled` (inlined at both
       // calls): a run-time test around each scale multiply split the steps
@@ -648,6 +731,24 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
   }
   return launch_resident<wide_kernel<W, F, WholeSlots, TwoWindows>, Route::Dense>(
       W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args, launch, stage, a_map);
+}
+
+// Routed (fused-MoE) slabs of 32 or 64 rows: dequantisation mode, rows gathered.
+template <int Tokens, class F>
+cudaError_t launch_wide_routed_tile(Args& args, const Launch& launch, int* stage) {
+  using W = WideTile<Tokens, F::bits, 2, false, true>;
+  return launch_resident<wide_kernel<W, F, false, false, Route::Sorted>, Route::Sorted>(
+      W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args, launch, stage, CUtensorMap{});
+}
+
+template <AType A, WType Wt>
+cudaError_t launch_wide_routed(int tokens, Args& args, const Launch& launch, int* stage) {
+  using F = Format<A, Wt>;
+  switch (tokens) {
+    case 32: return launch_wide_routed_tile<32, F>(args, launch, stage);
+    case 64: return launch_wide_routed_tile<64, F>(args, launch, stage);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 // 16-row slabs take whole slots with groups of 64 or more (one window per

@@ -16,9 +16,13 @@ constexpr size_t kWideSmemBudget = 227 * 1024;
 // otherwise two chunks each (256 columns).
 // RowGroups: K-sharded act-order (dequantisation mode): each slot also holds
 // its rows of the sorted g_idx and a window of scale rows from its first group.
-template <int Tokens, int Bits, int Groups = 2, bool RowGroups = false>
+// Gather: routed (MoE) slabs, whose activation rows the copier gathers one
+// 16-byte copy at a time (the rows of a routing block are scattered over A).
+template <int Tokens, int Bits, int Groups = 2, bool RowGroups = false, bool Gather = false>
 struct WideTile {
   static_assert(Groups == 2 || (Groups == 3 && Tokens == 16), "three consumer warpgroups serve 16-row slabs");
+  static_assert(!Gather || ((Tokens == 32 || Tokens == 64) && Groups == 2 && !RowGroups),
+                "routed slabs: 32 or 64 rows, dequantisation mode");
   static_assert(Tokens == 16 || Tokens == 32 || Tokens == 64 || Tokens == 128 || Tokens == 256,
                 "warpgroup MMA widths built: 16, 32, 64, 128 and 256 tokens");
   static constexpr int m_rows = Tokens;  // activation rows per slab = MMA n
@@ -38,7 +42,8 @@ struct WideTile {
   // slabs: their 2 KB boxes came later than 16-byte copies by the producers
   // (H200, W4A16 m = 16: 1-5 % slower; 12-15 % faster at m = 256, 3-6 % at
   // m = 128).
-  static constexpr bool tensor_a = Tokens > 16;
+  static constexpr bool tensor_a = Tokens > 16 && !Gather;
+  static constexpr bool gather = Gather;
   static constexpr int b_words = Bits / 4;
   static constexpr int producers = 128;
   static constexpr int groups = Groups;

@@ -143,11 +143,11 @@ int run(const MoeCall& m) {
   if (forced && nc == NConfig::N256_K128 && m8 > dense::kDeepTileMaxM8)
     return bad_shape("%s: the tile (thread_k=128, thread_n=256) serves moe_block_size <= 16, got %d", m.entry,
                      m.moe_block_size);
-  if (!forced) routed_auto_config(m8, m.prob_n, m.prob_k, &nc);  // n, k multiples of 64: always a tile
-  const TileInfo tile = routed_tile_info(m8, nc, bits);
-
   dense::DeviceFacts facts{};
   if (int st = dense::query_device(m.entry, m.dev, -1, &facts)) return st;
+  // n, k multiples of 64: always a tile.
+  if (!forced) routed_auto_config(m8, m.prob_n, m.prob_k, facts.hopper, m.w_type, &nc);
+  const TileInfo tile = routed_tile_info(m8, nc, bits);
   if (static_cast<size_t>(facts.max_smem) < tile.smem_bytes)
     return fail(FERRUM_STAGE_MAX_SHARED_MEMORY, cudaErrorInvalidConfiguration,
                 "%s: tile needs %zu bytes of shared memory, device %d offers %d", m.entry,

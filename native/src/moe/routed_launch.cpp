@@ -1,6 +1,7 @@
 #include "routed_launch.h"
 
 #include "../dense/gemm_tiles.h"
+#include "../dense/wide_tile.h"
 
 namespace ferrum::moe {
 
@@ -58,7 +59,15 @@ cudaError_t launch_height(int m8, NConfig nc, Args& args, const Launch& launch, 
 
 bool routed_m8_supported(int m8) { return m8 == 1 || m8 == 2 || m8 == 4 || m8 == 6 || m8 == 8; }
 
+template <int Tokens, int Bits>
+TileInfo wide_info() {
+  using W = dense::WideTile<Tokens, Bits, 2, false, true>;
+  return TileInfo{W::m_rows, W::n_tile, W::k_tile, W::smem_bytes};
+}
+
 TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
+  if (nc == NConfig::WIDE_T32) return bits == 8 ? wide_info<32, 8>() : wide_info<32, 4>();
+  if (nc == NConfig::WIDE_T64) return bits == 8 ? wide_info<64, 8>() : wide_info<64, 4>();
   return bits == 8 ? info_bits<8>(m8, nc) : info_bits<4>(m8, nc);
 }
 
@@ -68,10 +77,15 @@ TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
 // tile where k >= 128, every other slab 256 x 64 tiles where n >= 256 (H200,
 // GPT-OSS-like M=256 in 32-row blocks: gate_up 365 -> 323 us against 128 x 128,
 // 48-row blocks 299 -> 278), a narrower N 128 x 128; a dimension shorter than
-// the tile takes the narrower one.
-bool routed_auto_config(int m8, int n, int k, NConfig* nc) {
+// the tile takes the narrower one. On Hopper, blocks of 32 and 64 rows of the
+// FP16 formats run the warp-specialised kernel where its 256 x 64 tile divides
+// the problem (its MMAs are warpgroup-wide: the 8-warp tiles are
+// compute-bound at those heights).
+bool routed_auto_config(int m8, int n, int k, bool hopper, WType w, NConfig* nc) {
   if (n % 64 != 0 || k % 64 != 0) return false;
-  if (m8 <= dense::kDeepTileMaxM8 && n >= 256 && k >= 128) *nc = NConfig::N256_K128;
+  if (hopper && (m8 == 4 || m8 == 8) && n % 256 == 0 && w != WType::FE2M1)
+    *nc = m8 == 4 ? NConfig::WIDE_T32 : NConfig::WIDE_T64;
+  else if (m8 <= dense::kDeepTileMaxM8 && n >= 256 && k >= 128) *nc = NConfig::N256_K128;
   else if (n >= 256) *nc = NConfig::N256_K64;
   else if (k >= 128 && n >= 128) *nc = NConfig::N128_K128;
   else if (k >= 128) *nc = NConfig::N64_K128;
@@ -95,6 +109,15 @@ cudaError_t launch_routed_gemm(AType a, WType w, int m8, Route r, NConfig nc, Ar
     if (a == AType::F16 && w == WType::U4B8)
       return launch_height<AType::F16, WType::U4B8, Route::Bucketed>(m8, nc, args, launch, stage);
     return cudaErrorInvalidValue;
+  }
+  if (dense::is_wide(nc)) {
+    if (r != Route::Sorted || a != AType::F16) return cudaErrorInvalidValue;
+    switch (w) {
+      case WType::U4B8: return dense::launch_wide_routed<AType::F16, WType::U4B8>(8 * m8, args, launch, stage);
+      case WType::U4: return dense::launch_wide_routed<AType::F16, WType::U4>(8 * m8, args, launch, stage);
+      case WType::FE4M3FN: return dense::launch_wide_routed<AType::F16, WType::FE4M3FN>(8 * m8, args, launch, stage);
+      default: return cudaErrorInvalidValue;
+    }
   }
   if (a == AType::BF16) {
     if (w == WType::FE2M1)

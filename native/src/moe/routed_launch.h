@@ -17,8 +17,9 @@ bool routed_m8_supported(int m8);
 
 TileInfo routed_tile_info(int m8, NConfig nc, int bits);
 
-// The automatic tile for (n, k), or false when no routed tile divides them.
-bool routed_auto_config(int m8, int n, int k, NConfig* nc);
+// The automatic tile for (n, k) of weight type w (hopper: the warp-specialised
+// kernel is available), or false when no routed tile divides them.
+bool routed_auto_config(int m8, int n, int k, bool hopper, WType w, NConfig* nc);
 
 // (thread_k, thread_n) of a routed tile; false if none is built.
 bool routed_forced_config(int thread_k, int thread_n, NConfig* nc);
