@@ -32,6 +32,7 @@
 #include "gemm.h"
 #include "gemm_tiles.h"
 #include "launch_resident.cuh"
+#include "stripes.cuh"
 
 namespace ferrum::dense {
 
@@ -80,23 +81,12 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // zero-filled and never stored.
   const int n_tiles = (p.n + T::n_tile - 1) / T::n_tile;
   const int k_tiles = (p.k + T::k_tile - 1) / T::k_tile;
-  // Sorted routing learns its slab count on the device (no host sync); every
-  // block derives the same split from it, and blocks past the work exit.
-  int slabs = p.slabs;
-  int iters = p.iters;
-  [[maybe_unused]] int used_ids = 0;
-  if constexpr (R == Route::Sorted) {
-    ptx::enter_chain();  // the routing is the previous kernel's output
-    used_ids = max(__ldg(p.route.used_ids), 0);
-    slabs = (used_ids + T::m_rows - 1) / T::m_rows;
-    const long long units = static_cast<long long>(slabs) * n_tiles * k_tiles;
-    if (units == 0) return;
-    iters = static_cast<int>((units + gridDim.x - 1) / gridDim.x);
-  }
-  const int total = slabs * n_tiles * k_tiles;
-  const int range = gridDim.x - 1 - blockIdx.x;
-  const int u_begin = range * iters;
-  const int count = min(iters, total - u_begin);
+  // Blocks past the work exit.
+  Stripes stripes;
+  if (!stripes_of<R>(p, T::m_rows, n_tiles, k_tiles, stripes)) return;
+  const int slabs = stripes.slabs, iters = stripes.iters, range = stripes.range, u_begin = stripes.u_begin,
+            count = stripes.count;
+  [[maybe_unused]] const int used_ids = stripes.used_ids;
   // The expert whose weights slab s multiplies, and whether the slab is skipped
   // (past the routed rows, or an expert of another rank under expert parallelism).
   auto slab_expert = [&](int slab) -> int {

@@ -40,6 +40,7 @@
 #include "gemm.h"
 #include "gemm_tiles.h"
 #include "launch_resident.cuh"
+#include "stripes.cuh"
 #include "wide_tile.h"
 
 namespace ferrum::dense {
@@ -78,23 +79,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   const int tid = threadIdx.x;
   const int n_tiles = p.n / W::n_tile;
   const int k_tiles = p.k / W::k_tile;
-  // Routed launches learn their slab count on the device (no host sync);
-  // every block derives the same split from it.
-  int slabs = p.slabs;
-  int iters = p.iters;
-  [[maybe_unused]] int used_ids = 0;
-  if constexpr (kSorted) {
-    ptx::enter_chain();  // the routing is the previous kernel's output
-    used_ids = max(__ldg(p.route.used_ids), 0);
-    slabs = (used_ids + W::m_rows - 1) / W::m_rows;
-    const long long units = static_cast<long long>(slabs) * n_tiles * k_tiles;
-    if (units == 0) return;
-    iters = static_cast<int>((units + gridDim.x - 1) / gridDim.x);
-  }
-  const int total = slabs * n_tiles * k_tiles;
-  const int range = gridDim.x - 1 - blockIdx.x;
-  const int u_begin = range * iters;
-  const int count = min(iters, total - u_begin);
+  Stripes stripes;
+  if (!stripes_of<R>(p, W::m_rows, n_tiles, k_tiles, stripes)) return;
+  const int iters = stripes.iters, range = stripes.range, u_begin = stripes.u_begin, count = stripes.count;
+  [[maybe_unused]] const int used_ids = stripes.used_ids;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       // Every producer's copies, and the tensor copy's bytes.
