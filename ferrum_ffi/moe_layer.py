@@ -254,17 +254,27 @@ def _check_call(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_wei
     if w13.kind == "mxfp4" and top_k > w13.num_experts:
         # The MXFP4 entry point's contract bounds top_k by the experts it holds.
         fail(f"{ENTRY}: MXFP4 needs top_k={top_k} <= the {w13.num_experts} experts of w13")
+    defaulted = block_size is None
+
+    def check_capacity(block: int) -> None:
+        if align_capacity(m, top_k, num_experts, block)[0] > I32_MAX:
+            fail(f"{ENTRY}: M * top_k = {m * top_k} routed rows do not fit the kernels' int32 row ids")
+
+    if defaulted:
+        block_size = default_block_size(max(m, 1), top_k, num_experts)
+    check_capacity(int(block_size))
     device = device_of(w13.qweight, as_device_array(w13.qweight, "w13.qweight"))
-    if block_size is None:
-        block_size = default_block_size(max(m, 1), top_k, num_experts, tall_blocks_warp_specialised(device, w13, w2))
-    if align_capacity(m, top_k, num_experts, int(block_size))[0] > I32_MAX:
-        fail(f"{ENTRY}: M * top_k = {m * top_k} routed rows do not fit the kernels' int32 row ids")
     _on(ENTRY, "w2", w2.qweight, as_device_array(w2.qweight, "w2.qweight"), device)
     _on(ENTRY, "hidden", hidden, hidden_view, device)
     _on(ENTRY, "topk_ids", topk_ids, ids_view, device)
     _on(ENTRY, "topk_weights", topk_weights, weights_view, device)
     if map_view is not None:
         _on(ENTRY, "expert_map", expert_map, map_view, device)
+    if defaulted:
+        # The device decides last (a device query): Hopper's warp-specialised
+        # kernel takes taller blocks.
+        block_size = default_block_size(max(m, 1), top_k, num_experts, tall_blocks_warp_specialised(device, w13, w2))
+        check_capacity(block_size)
     return _Call(m=m, top_k=top_k, num_experts=num_experts, block_size=int(block_size), device=device,
                  hidden=hidden_view, topk_weights=weights_view, topk_ids=ids_view, expert_map=map_view)
 

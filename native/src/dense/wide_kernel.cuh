@@ -82,6 +82,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   Stripes stripes;
   if (!stripes_of<R>(p, W::m_rows, n_tiles, k_tiles, stripes)) return;
   const int iters = stripes.iters, range = stripes.range, u_begin = stripes.u_begin, count = stripes.count;
+  [[maybe_unused]] const int slabs = stripes.slabs;
   [[maybe_unused]] const int used_ids = stripes.used_ids;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -145,7 +146,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       if constexpr (kSorted) {
         if (slab != seek_slab) {
           seek_slab = slab;
-          expert = __ldg(p.route.slab_experts + slab);
+          // The last unit's advance seeks one slab past the work.
+          expert = slab < slabs ? __ldg(p.route.slab_experts + slab) : -1;
 #pragma unroll
           for (int j = 0; j < kACopies; ++j) {
             const int idx = slab * W::m_rows + a_row + 16 * j;
@@ -725,6 +727,11 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
 template <int Tokens, class F>
 cudaError_t launch_wide_routed_tile(Args& args, const Launch& launch, int* stage) {
   using W = WideTile<Tokens, F::bits, 2, false, true>;
+  // Every routed column leaves in parts, each under its own lock: locks by range only.
+  if (!args.lock_by_range) {
+    *stage = FERRUM_STAGE_KERNEL_LAUNCH;
+    return cudaErrorInvalidValue;
+  }
   return launch_resident<wide_kernel<W, F, false, false, Route::Sorted>, Route::Sorted>(
       W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args, launch, stage, CUtensorMap{});
 }
