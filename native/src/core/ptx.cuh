@@ -17,6 +17,19 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
 }
 
+// An L2 policy for data read once (streamed weights): evicted first, so it
+// does not push out what other blocks read again (the activations).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// cp_async16 under an L2 policy (evict_first_policy).
+__device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "l"(policy));
+}
+
 // Same, but writes zeros (and reads nothing) when `valid` is false: rows past
 // the end of the activation matrix become zero rows of the tile.
 __device__ __forceinline__ void cp_async16_or_zero(void* dst, const void* src, bool valid) {

@@ -326,6 +326,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       ptx::cp_async16_or_zero(sh_z + slot * T::z_stage + tid, ok ? pz : gZ, ok);
     }
   };
+  const uint64_t weights_policy = ptx::evict_first_policy();
   auto load_stage = [&](int slot) {
     const int krows = p.k / 16 - f_kt * T::k_rows;
     const int chunks = p.n / 64 - f_c * T::n_chunks;
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     } else if (R == Route::Dense || !f_dead) {
       int4* const db = sh_b + slot * T::b_stage + tid;
 #pragma unroll
-      for (int i = 0; i < kBCopies; ++i) ptx::cp_async16(db + i * kThreads, pb[i]);
+      for (int i = 0; i < kBCopies; ++i) ptx::cp_async16_hint(db + i * kThreads, pb[i], weights_policy);
       int4* const da = sh_a + slot * T::a_stage;
 #pragma unroll
       for (int i = 0; i < kACopies; ++i) {

@@ -127,6 +127,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     // B copy 0 of this thread: element tid of the slot's rows of kBRowInt4
     // (a 128-column tile's rows are shorter than the 128 producers).
     const int b_first = (tid / kBRowInt4) * p.b_row_int4 + tid % kBRowInt4;
+    const uint64_t weights_policy = ptx::evict_first_policy();
     // 16-byte activation copies (16-row and routed slabs): thread t copies
     // unit t % 8 of rows t / 8 + 16 j of each atom.
     constexpr int kACopies = kTensorA ? 1 : W::m_rows * 8 / W::producers;
@@ -189,8 +190,9 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
 #pragma unroll
       for (int j = 0; j < kBCopies; ++j)
         if (copy)
-          ptx::cp_async16(db + j * W::producers,
-                          pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4);
+          ptx::cp_async16_hint(db + j * W::producers,
+                               pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4,
+                               weights_policy);
       if constexpr (kTensorA) {
         if (tid == 0) {
           tma::arrive_expect_tx(full + slot, 16u * W::a_stage);
