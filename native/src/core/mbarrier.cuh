@@ -7,6 +7,7 @@
 #pragma once
 
 #include <stdint.h>
+#include <cstdio>
 
 #include "ptx.cuh"
 
@@ -27,9 +28,29 @@ __device__ __forceinline__ void arrive_on_copies(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(ptx::smem_u32(bar)) : "memory");
 }
 
-// Blocks until the phase with the given parity has completed.
+// Blocks until the phase with the given parity has completed. Built with
+// FERRUM_DEBUG_WAITS (CMake option of that name), a wait that polls 2^22 times
+// prints the block, thread and barrier and traps: a wrong pipeline protocol
+// then fails its test instead of hanging the device.
 __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(FERRUM_DEBUG_WAITS)
+  for (uint32_t polls = 0;; ++polls) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(ptx::smem_u32(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (polls == (1u << 22)) {
+      printf("ferrum: mbarrier wait stuck: block %d thread %d barrier +%u parity %u\n", blockIdx.x, threadIdx.x,
+             ptx::smem_u32(bar), parity);
+      __trap();
+    }
+  }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
       "{\n.reg .pred done;\n"
       "WAIT_%=:\n"
