@@ -102,6 +102,40 @@ _VLLM_MOE_F16_ARGS: list[object] = [
     ctypes.c_int,  # use_fp32_reduce
 ]
 
+# The MXFP4 x BF16 entry point: b_bias instead of b_zeros, no has_zp.
+_VLLM_MOE_MXFP4_ARGS: list[object] = [
+    ctypes.c_void_p,  # a
+    ctypes.c_void_p,  # b
+    ctypes.c_void_p,  # c
+    ctypes.c_void_p,  # c_tmp
+    ctypes.c_void_p,  # b_bias
+    ctypes.c_void_p,  # b_scales
+    ctypes.c_void_p,  # workspace
+    ctypes.c_void_p,  # sorted_token_ids
+    ctypes.c_void_p,  # expert_ids
+    ctypes.c_void_p,  # num_tokens_past_padded
+    ctypes.c_void_p,  # topk_weights
+    ctypes.c_int,  # moe_block_size
+    ctypes.c_int,  # top_k
+    ctypes.c_int,  # mul_topk_weights
+    ctypes.c_int,  # is_ep
+    ctypes.c_int,  # prob_m
+    ctypes.c_int,  # prob_n
+    ctypes.c_int,  # prob_k
+    ctypes.c_int,  # group_size
+    ctypes.c_int,  # dev
+    _stream,  # stream
+    ctypes.c_int,  # use_atomic_add
+    ctypes.c_int,  # use_fp32_reduce
+]
+
+# What the _ex variants of the fused-MoE GEMMs add to those.
+_MOE_LAYER_ARGS: list[object] = [
+    ctypes.c_int,  # add_rows_div
+    ctypes.c_void_p,  # clear
+    ctypes.c_size_t,  # clear_bytes
+]
+
 # name -> (restype, argtypes), mirroring the header line by line.
 PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "ferrum_marlin_abi_version": (ctypes.c_int, []),
@@ -153,34 +187,11 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     # are c_void_p here so that integer device addresses pass as they are.
     "ferrum_vllm_marlin_moe_f16": (ctypes.c_int, _VLLM_MOE_F16_ARGS),
     "ferrum_vllm_marlin_moe_fp8_f16": (ctypes.c_int, _VLLM_MOE_F16_ARGS),
-    "ferrum_vllm_marlin_moe_mxfp4_bf16": (
-        ctypes.c_int,
-        [
-            ctypes.c_void_p,  # a
-            ctypes.c_void_p,  # b
-            ctypes.c_void_p,  # c
-            ctypes.c_void_p,  # c_tmp
-            ctypes.c_void_p,  # b_bias
-            ctypes.c_void_p,  # b_scales
-            ctypes.c_void_p,  # workspace
-            ctypes.c_void_p,  # sorted_token_ids
-            ctypes.c_void_p,  # expert_ids
-            ctypes.c_void_p,  # num_tokens_past_padded
-            ctypes.c_void_p,  # topk_weights
-            ctypes.c_int,  # moe_block_size
-            ctypes.c_int,  # top_k
-            ctypes.c_int,  # mul_topk_weights
-            ctypes.c_int,  # is_ep
-            ctypes.c_int,  # prob_m
-            ctypes.c_int,  # prob_n
-            ctypes.c_int,  # prob_k
-            ctypes.c_int,  # group_size
-            ctypes.c_int,  # dev
-            _stream,  # stream
-            ctypes.c_int,  # use_atomic_add
-            ctypes.c_int,  # use_fp32_reduce
-        ],
-    ),
+    "ferrum_vllm_marlin_moe_mxfp4_bf16": (ctypes.c_int, _VLLM_MOE_MXFP4_ARGS),
+    # The layer variants: the same arguments, then add_rows_div, clear, clear_bytes.
+    "ferrum_vllm_marlin_moe_f16_ex": (ctypes.c_int, _VLLM_MOE_F16_ARGS + _MOE_LAYER_ARGS),
+    "ferrum_vllm_marlin_moe_fp8_f16_ex": (ctypes.c_int, _VLLM_MOE_F16_ARGS + _MOE_LAYER_ARGS),
+    "ferrum_vllm_marlin_moe_mxfp4_bf16_ex": (ctypes.c_int, _VLLM_MOE_MXFP4_ARGS + _MOE_LAYER_ARGS),
     "ferrum_vllm_marlin_moe_set_profile_config": (
         None,
         [

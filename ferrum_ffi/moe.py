@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 # Buffers the kernels write; an array of them must not be read-only.
-_WRITTEN = ("c", "c_tmp", "workspace")
+_WRITTEN = ("c", "c_tmp", "workspace", "clear")
 _ROUTING_DTYPES = {
     "sorted_token_ids": np.int32,
     "expert_ids": np.int32,
@@ -90,7 +90,8 @@ class _Buffers:
         """dtype and C-contiguity of every array (alignment and nulls are the
         launch rules' business), writability of outputs, a readable count."""
         for name, view in self.views.items():
-            check_array(entry, name, view, dtypes[name], alignment=1)
+            # ``clear`` is bytes to zero: any dtype.
+            check_array(entry, name, view, dtypes.get(name, view.dtype), alignment=1)
             if name in _WRITTEN and view.readonly:
                 fail(f"{entry}: {name} is read-only")
         if "num_tokens_past_padded" in self.views and self.views["num_tokens_past_padded"].size < 1:
@@ -125,6 +126,25 @@ class _Buffers:
         if self.are_arrays:
             return prepare_stream(stream, list(self.views.values()))
         return resolve_stream(stream)
+
+
+def _clear_bytes(entry: str, buffers: _Buffers, clear_bytes: int | None) -> int:
+    """Bytes the launch zeroes: ``clear_bytes``, or all of a ``clear`` array."""
+    if clear_bytes is not None:
+        check_int(entry, "clear_bytes", clear_bytes)
+        return int(clear_bytes)
+    if buffers.pointers["clear"] is None:
+        return 0
+    if "clear" not in buffers.views:
+        fail(f"{entry}: clear given as a pointer needs clear_bytes")
+    return buffers.views["clear"].nbytes
+
+
+def _layer_args(launch: MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch) -> tuple:
+    """The ``_ex`` entry points' last arguments (none for the plain ones)."""
+    if launch.entry_point.endswith("_ex"):
+        return (launch.add_rows_div, launch.clear, launch.clear_bytes)
+    return ()
 
 
 def _weight_bytes_per_expert(bits: int, n: int, k: int) -> int:
@@ -166,6 +186,9 @@ def launch_marlin_moe(
     device: int | None = None,
     stream: Any = None,
     spans: Mapping[str, int] | None = None,
+    add_rows_div: int = 0,
+    clear: Any = None,
+    clear_bytes: int | None = None,
 ) -> None:
     """The fused FP16 MoE GEMM (vLLM ``marlin_moe_wna16`` convention): INT4
     (``weight_type=U4B8``; with ``zero_points`` the asymmetric U4 form) or FP8
@@ -182,6 +205,13 @@ def launch_marlin_moe(
     ``b`` holds. ``use_fp32_reduce`` selects the deterministic fp32 reduction
     through ``c_tmp`` instead of atomics. ``stream``: as everywhere (None: the
     arrays' current stream, or 0 for pointers).
+
+    A MoE layer's calls (the ``_ex`` entry points, ferrum_marlin.h):
+    ``add_rows_div`` r >= 1 adds every partial of output row t, with atomics,
+    into row t / r of a ``c`` that is zero on entry (``[M*top_k/r, N]``; r =
+    the layer's top_k sums each token's rows), atomic mode only; ``clear`` (a
+    buffer, 16-byte aligned, disjoint from the others; ``clear_bytes`` of it,
+    all of an array by default) is zeroed by this launch for the next one.
     """
     marlin_moe_call(
         a=a, b=b, c=c, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids, expert_ids=expert_ids,
@@ -189,6 +219,7 @@ def launch_marlin_moe(
         moe_block_size=moe_block_size, group_size=group_size, weight_type=weight_type, zero_points=zero_points,
         c_tmp=c_tmp, topk_weights=topk_weights, mul_topk_weights=mul_topk_weights, is_ep=is_ep,
         use_fp32_reduce=use_fp32_reduce, expert_count=expert_count, device=device, stream=stream, spans=spans,
+        add_rows_div=add_rows_div, clear=clear, clear_bytes=clear_bytes,
     ).run(library())
 
 
@@ -219,6 +250,9 @@ def marlin_moe_call(
     device: int | None,
     stream: Any,
     spans: Mapping[str, int] | None,
+    add_rows_div: int = 0,
+    clear: Any = None,
+    clear_bytes: int | None = None,
 ) -> NativeCall:
     """:func:`launch_marlin_moe` up to its native call, which it returns
     (arguments ``a``, ``c`` and ``topk_weights`` first, third and eleventh)."""
@@ -226,7 +260,7 @@ def marlin_moe_call(
     buffers = _Buffers(entry, dict(
         a=a, b=b, c=c, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids,
         expert_ids=expert_ids, num_tokens_past_padded=num_tokens_past_padded, zero_points=zero_points,
-        c_tmp=c_tmp, topk_weights=topk_weights,
+        c_tmp=c_tmp, topk_weights=topk_weights, clear=clear,
     ))
     buffers.check_arrays(entry, {**_ROUTING_DTYPES, "a": np.float16, "c": np.float16, "scales": np.float16,
                                  "b": np.int32, "zero_points": np.int32})
@@ -239,6 +273,7 @@ def marlin_moe_call(
         zero_points=p["zero_points"], topk_weights=p["topk_weights"], mul_topk_weights=mul_topk_weights,
         is_ep=is_ep, has_zero_points=zero_points is not None, device_ordinal=0 if device is None else device,
         use_atomic_add=not use_fp32_reduce, use_fp32_reduce=use_fp32_reduce, expert_count=expert_count,
+        add_rows_div=add_rows_div, clear=p["clear"], clear_bytes=_clear_bytes(entry, buffers, clear_bytes),
     )
     launch.validate()  # every rule that needs no device query
     launch = replace(launch, device_ordinal=buffers.device(entry, device))
@@ -256,7 +291,7 @@ def marlin_moe_call(
         launch.topk_weights, launch.moe_block_size, launch.top_k, int(launch.mul_topk_weights),
         int(launch.is_ep), launch.prob_m, launch.prob_n, launch.prob_k, launch.group_size,
         int(launch.has_zero_points), launch.device_ordinal, handle, int(launch.use_atomic_add),
-        int(launch.use_fp32_reduce),
+        int(launch.use_fp32_reduce), *_layer_args(launch),
     ), launch.shape)
 
 
@@ -286,17 +321,22 @@ def launch_marlin_moe_mxfp4_bf16(
     device: int | None = None,
     stream: Any = None,
     spans: Mapping[str, int] | None = None,
+    add_rows_div: int = 0,
+    clear: Any = None,
+    clear_bytes: int | None = None,
 ) -> None:
     """The fused BF16 x MXFP4 MoE GEMM (GPT-OSS experts), every rule checked
     before the native call. As :func:`launch_marlin_moe`, except: ``a``, ``c``
     and ``bias`` ([E, N], P32 order) are bfloat16, ``scales`` are E8M0 bytes
-    (uint8) and ``expert_count`` (E) is always given."""
+    (uint8) and ``expert_count`` (E) is always given; with ``add_rows_div``
+    the bias is added once per row t."""
     marlin_moe_mxfp4_bf16_call(
         a=a, b=b, c=c, bias=bias, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids,
         expert_ids=expert_ids, num_tokens_past_padded=num_tokens_past_padded, expert_count=expert_count,
         prob_m=prob_m, prob_n=prob_n, prob_k=prob_k, top_k=top_k, moe_block_size=moe_block_size,
         group_size=group_size, c_tmp=c_tmp, topk_weights=topk_weights, mul_topk_weights=mul_topk_weights,
         is_ep=is_ep, use_fp32_reduce=use_fp32_reduce, device=device, stream=stream, spans=spans,
+        add_rows_div=add_rows_div, clear=clear, clear_bytes=clear_bytes,
     ).run(library())
 
 
@@ -326,6 +366,9 @@ def marlin_moe_mxfp4_bf16_call(
     device: int | None,
     stream: Any,
     spans: Mapping[str, int] | None,
+    add_rows_div: int = 0,
+    clear: Any = None,
+    clear_bytes: int | None = None,
 ) -> NativeCall:
     """:func:`launch_marlin_moe_mxfp4_bf16` up to its native call, which it
     returns (arguments as :func:`marlin_moe_call`'s)."""
@@ -333,7 +376,7 @@ def marlin_moe_mxfp4_bf16_call(
     buffers = _Buffers(entry, dict(
         a=a, b=b, c=c, bias=bias, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids,
         expert_ids=expert_ids, num_tokens_past_padded=num_tokens_past_padded, c_tmp=c_tmp,
-        topk_weights=topk_weights,
+        topk_weights=topk_weights, clear=clear,
     ))
     if buffers.are_arrays:  # bfloat16 needs ml_dtypes: look it up only for arrays
         bf16 = bfloat16_dtype()
@@ -347,7 +390,8 @@ def marlin_moe_mxfp4_bf16_call(
         prob_m=prob_m, prob_n=prob_n, prob_k=prob_k, group_size=group_size, c_tmp=p["c_tmp"],
         topk_weights=p["topk_weights"], mul_topk_weights=mul_topk_weights, is_ep=is_ep,
         device_ordinal=0 if device is None else device, use_atomic_add=not use_fp32_reduce,
-        use_fp32_reduce=use_fp32_reduce,
+        use_fp32_reduce=use_fp32_reduce, add_rows_div=add_rows_div, clear=p["clear"],
+        clear_bytes=_clear_bytes(entry, buffers, clear_bytes),
     )
     launch.validate()  # every rule that needs no device query
     launch = replace(launch, device_ordinal=buffers.device(entry, device))
@@ -360,6 +404,7 @@ def marlin_moe_mxfp4_bf16_call(
         launch.topk_weights, launch.moe_block_size, launch.top_k, int(launch.mul_topk_weights),
         int(launch.is_ep), launch.prob_m, launch.prob_n, launch.prob_k, launch.group_size,
         launch.device_ordinal, handle, int(launch.use_atomic_add), int(launch.use_fp32_reduce),
+        *_layer_args(launch),
     ), launch.shape)
 
 

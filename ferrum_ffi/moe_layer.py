@@ -299,6 +299,7 @@ def _output(out: Any, hidden: Any, call: _Call, n: int, dtype: np.dtype) -> tupl
 # Where the caller's values go among the native arguments (prototype order,
 # _native.PROTOTYPES; the ``*_call`` builders name these positions) ...
 _GEMM_A, _GEMM_C, _GEMM_TOPK_WEIGHTS = 0, 2, 10  # both fused-MoE GEMM signatures
+_GEMM_CLEAR = -2  # the _ex variants: add_rows_div, clear, clear_bytes come last
 _ALIGN_TOPK_IDS, _ALIGN_EXPERT_MAP = 0, 5
 _SWIGLU_ALPHA, _SWIGLU_LIMIT = 5, 6
 _SUM_OUT = 1
@@ -321,6 +322,7 @@ class _Plan:
 
     steps: tuple[_Step, ...]
     scratch: tuple[Any, ...]
+    adds_out: bool  # the gate/up GEMM zeroes out, the down GEMM adds into it
 
     def run(self, lib: Any, values: tuple) -> None:
         for function, args, slots, entry, shape in self.steps:
@@ -422,10 +424,28 @@ def _known_call(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any
                  hidden=hidden_view, topk_weights=weights_view, topk_ids=ids_view, expert_map=map_view), signature
 
 
-def _out_fits(out: Any, view: DeviceArray, call: _Call, n: int, dtype: np.dtype) -> bool:
+def _adds_out(call: _Call, fp32_reduce: bool, out: DeviceArray) -> bool:
+    """Atomic mode: the gate/up GEMM zeroes ``out`` and the down GEMM adds each
+    token's rows into it (no moe_sum) -- unless ``out`` shares memory with an
+    input, which the zeroing would destroy before it is read."""
+    if fp32_reduce:
+        return False
+    inputs = (call.hidden, call.topk_weights, call.topk_ids, call.expert_map)
+    return not any(v is not None and v.nbytes and out.ptr < v.ptr + v.nbytes and v.ptr < out.ptr + out.nbytes
+                   for v in inputs)
+
+
+def _down_writes_out(call: _Call, fp32_reduce: bool, out: DeviceArray) -> bool:
+    """Whether the down GEMM writes ``out`` itself (with top_k = 1, or adding
+    rows) rather than moe_sum."""
+    return call.top_k == 1 or _adds_out(call, fp32_reduce, out)
+
+
+def _out_fits(out: Any, view: DeviceArray, call: _Call, n: int, dtype: np.dtype, fp32_reduce: bool) -> bool:
     """What the calls of a plan require of ``out`` (given or allocated): the
-    down GEMM writes it with top_k = 1 (16-byte aligned), moe_sum otherwise."""
-    alignment = 16 if call.top_k == 1 else dtype.itemsize
+    down GEMM writes it in 16-byte vectors, moe_sum in elements; whether the
+    plan adds into it depends on where it lies."""
+    alignment = 16 if _down_writes_out(call, fp32_reduce, view) else dtype.itemsize
     try:
         return (_fits(view, dtype, (call.m, n), alignment) and not view.readonly
                 and device_of(out, view) == call.device)
@@ -462,24 +482,31 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
     workspace = shared.workspace.array
     c_tmp = shared.c_tmp.array if fp32_reduce else None
     is_ep = call.expert_map is not None
-    # With top_k = 1 each token has one row: the down GEMM writes out directly.
+    # Atomic mode: the gate/up GEMM zeroes out, and the down GEMM adds every
+    # routed row, times its top-k weight, into its token's row of out (no
+    # moe_sum, no locks; rows of other ranks' experts add nothing). fp32
+    # reduce keeps the fixed order: rows through gemm_rows, then moe_sum
+    # (with top_k = 1 the down GEMM stores out directly).
+    adds_out = _adds_out(call, fp32_reduce, out_view)
     top1 = call.top_k == 1
-    writes_out = ((_GEMM_C, _OUT),) if top1 else ()
-    down = out if top1 else shaped(gemm_rows, (rows, w2.n))
+    down_writes_out = top1 or adds_out
+    down = out if down_writes_out else shaped(gemm_rows, (rows, w2.n))
+    writes_out = ((_GEMM_C, _OUT),) if down_writes_out else ()
 
     steps = [
         _step(lib, align_call(topk_ids, call.num_experts, call.block_size, expert_map, routing, handle)[1],
               (_ALIGN_TOPK_IDS, _TOPK_IDS), *(((_ALIGN_EXPERT_MAP, _EXPERT_MAP),) if is_ep else ())),
         _step(lib, _gemm(w13, a=hidden, c=gate_up, routing=routing, workspace=workspace, c_tmp=c_tmp,
-                         prob_m=call.m, top_k=call.top_k, block_size=call.block_size, is_ep=is_ep, stream=handle),
-              (_GEMM_A, _HIDDEN)),
+                         prob_m=call.m, top_k=call.top_k, block_size=call.block_size, is_ep=is_ep, stream=handle,
+                         clear=out if adds_out else None),
+              (_GEMM_A, _HIDDEN), *(((_GEMM_CLEAR, _OUT),) if adds_out else ())),
     ]
     if activation == "silu":
         steps.append(_step(lib, silu_and_mul_call(gate_up, activated, handle)[1]))
     else:
         steps.append(_step(lib, gpt_oss_swiglu_call(gate_up, w2.k, alpha, limit, activated, handle)[1],
                            (_SWIGLU_ALPHA, _ALPHA), (_SWIGLU_LIMIT, _LIMIT)))
-    if is_ep:
+    if is_ep and not adds_out:
         # Rows routed to other ranks' experts are skipped by the GEMM and must
         # add zero; zeroed only now, as ``down`` may share gate_up's storage.
         down_view = out_view if top1 else as_device_array(down, "down")
@@ -487,18 +514,19 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
         steps.append(_step(lib, zero, *(((_MEMSET_PTR, _OUT),) if top1 else ())))
     steps.append(_step(lib, _gemm(w2, a=activated, c=down, routing=routing, workspace=workspace, c_tmp=c_tmp,
                                   prob_m=rows, top_k=1, block_size=call.block_size, is_ep=is_ep, stream=handle,
-                                  topk_weights=topk_weights),
+                                  topk_weights=topk_weights, add_rows_div=call.top_k if adds_out else 0),
                        (_GEMM_TOPK_WEIGHTS, _TOPK_WEIGHTS), *writes_out))
-    if not top1:
+    if not down_writes_out:
         steps.append(_step(lib, moe_sum_call(down, call.top_k, out, handle)[1], (_SUM_OUT, _OUT)))
-    return _Plan(steps=tuple(steps), scratch=(workspace, c_tmp, gemm_rows, activated) + routing)
+    return _Plan(steps=tuple(steps), scratch=(workspace, c_tmp, gemm_rows, activated) + routing, adds_out=adds_out)
 
 
 def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, Any], workspace: Any,
           c_tmp: Any, prob_m: int, top_k: int, block_size: int, is_ep: bool, stream: int,
-          topk_weights: Any = None) -> NativeCall:
+          topk_weights: Any = None, add_rows_div: int = 0, clear: Any = None) -> NativeCall:
     """The checked call of one fused-MoE GEMM of ``weight``'s kind;
-    ``topk_weights`` given: rows scaled by them."""
+    ``topk_weights`` given: rows scaled by them; ``add_rows_div`` and
+    ``clear`` as :func:`~ferrum_ffi.moe.launch_marlin_moe` has them."""
     sorted_ids, expert_ids, count = routing
     common = dict(
         a=a, b=weight.qweight, c=c, scales=weight.scales, workspace=workspace, sorted_token_ids=sorted_ids,
@@ -506,6 +534,7 @@ def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, A
         top_k=top_k, moe_block_size=block_size, group_size=weight.group_size, c_tmp=c_tmp,
         topk_weights=topk_weights, mul_topk_weights=topk_weights is not None, is_ep=is_ep,
         use_fp32_reduce=c_tmp is not None, expert_count=weight.num_experts, device=None, stream=stream, spans=None,
+        add_rows_div=add_rows_div, clear=clear,
     )
     if weight.kind == "mxfp4":
         return marlin_moe_mxfp4_bf16_call(bias=weight.bias, **common)
@@ -559,7 +588,11 @@ def fused_moe(
 
     The intermediates are rounded to the activation dtype between the
     kernels; ``out`` ``[M, H]`` (allocated in ``hidden``'s library when
-    omitted) gets the fp32 sum of the weighted rows. Never synchronises.
+    omitted) gets the sum of the weighted rows: added into it by the down
+    GEMM with 16-bit atomics (``out`` is zeroed by the gate/up GEMM, so it
+    must not share memory with ``hidden`` or the routing -- when it does,
+    the rows are summed by a separate kernel), or with ``fp32_reduce`` summed
+    in fp32 in a fixed order. Never synchronises.
 
     Repeated calls of one signature cost little host time (module doc) when
     the options have the built-in types (``activation`` a str,
@@ -584,7 +617,8 @@ def fused_moe(
         views.append(call.expert_map)
     handle = prepare_stream(stream, views)
     plan = None if signature is None else signature.plans.get(handle)
-    if plan is None or not _out_fits(out, out_view, call, w2.n, dtype):
+    if (plan is None or not _out_fits(out, out_view, call, w2.n, dtype, fp32_reduce)
+            or plan.adds_out != _adds_out(call, fp32_reduce, out_view)):
         generation = plan_generation()  # read before the plan fetches any scratch buffer
         lib = library()
         plan = _plan(hidden, w13, w2, topk_weights, topk_ids, call, activation, expert_map, fp32_reduce, alpha,

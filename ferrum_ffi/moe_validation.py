@@ -161,6 +161,54 @@ def _check_modes(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> None:
         moe_fail("use_fp32_reduce must exactly match the c_tmp pointer")
 
 
+# ---- the layer variants (the ``_ex`` entry points) ---------------------------------------
+
+_LAYER_INTS = ("add_rows_div", "clear_bytes")
+_LAYER_OPTIONAL_POINTERS = (("clear", 16),)
+
+
+def _check_layer_extras(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> None:
+    """``add_rows_div`` (C zero on entry, row t added into row t / div) and
+    ``clear`` (zeroed by the launch for the next one): the ``_ex`` rules."""
+    div = args.add_rows_div
+    if div < 0:
+        moe_fail(f"add_rows_div must be >= 0, got {div}")
+    if div > 0:
+        if not args.use_atomic_add:
+            moe_fail("add_rows_div > 0 adds into a zeroed C and needs use_atomic_add")
+        if (args.prob_m * args.top_k) % div != 0:
+            moe_fail(f"add_rows_div {div} must divide prob_m * top_k = {args.prob_m * args.top_k}")
+    if args.clear_bytes < 0:
+        moe_fail(f"clear_bytes must be >= 0, got {args.clear_bytes}")
+    if (args.clear is None) != (args.clear_bytes == 0):
+        moe_fail("clear_bytes must be positive exactly when clear is given")
+    if args.clear is not None and args.clear_bytes % 16 != 0:
+        moe_fail(f"clear_bytes {args.clear_bytes} must be a multiple of 16")
+
+
+def _output_rows(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> int:
+    """Rows of C: ``prob_m * top_k``, divided by ``add_rows_div`` when set."""
+    rows = args.prob_m * args.top_k
+    return rows // args.add_rows_div if args.add_rows_div > 0 else rows
+
+
+def _add_layer_spans(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch", spans: dict[str, int]) -> None:
+    """``clear``'s span, which must not meet any other buffer's (the launch
+    would zero what it reads or writes)."""
+    if args.clear is None:
+        return
+    start, end = int(args.clear), int(args.clear) + args.clear_bytes
+    for name, nbytes in spans.items():
+        other = int(getattr(args, name))
+        if nbytes > 0 and other < end and start < other + nbytes:
+            moe_fail(f"clear [{start:#x}, +{args.clear_bytes}) overlaps {name} [{other:#x}, +{nbytes})")
+    spans["clear"] = args.clear_bytes
+
+
+def _is_layer_call(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> bool:
+    return args.add_rows_div != 0 or args.clear is not None
+
+
 # ---- this library's own rules ----------------------------------------------------------
 
 
@@ -245,12 +293,16 @@ class MarlinMoeF16Launch:
     use_atomic_add: bool = True
     use_fp32_reduce: bool = False
     expert_count: int | None = None
+    # The layer variant's arguments (``ferrum_vllm_marlin_moe_*_ex``; ferrum_marlin.h).
+    add_rows_div: int = 0
+    clear: int | None = None
+    clear_bytes: int = 0
 
     @property
     def entry_point(self) -> str:
-        if self.weight_type is MoeF16WeightType.E4M3:
-            return "ferrum_vllm_marlin_moe_fp8_f16"
-        return "ferrum_vllm_marlin_moe_f16"
+        base = ("ferrum_vllm_marlin_moe_fp8_f16" if self.weight_type is MoeF16WeightType.E4M3
+                else "ferrum_vllm_marlin_moe_f16")
+        return base + "_ex" if _is_layer_call(self) else base
 
     @property
     def shape(self) -> dict[str, object]:
@@ -266,13 +318,13 @@ class MarlinMoeF16Launch:
         """Every rule, or ArgumentError/ArgumentTypeError; returns the bytes each
         sized buffer must hold from its pointer on. ``sms`` (the device's
         multiprocessors) adds the workspace and the kernel's c_tmp minimum."""
-        ints = _F16_INTS + (() if self.expert_count is None else ("expert_count",))
+        ints = _F16_INTS + _LAYER_INTS + (() if self.expert_count is None else ("expert_count",))
         _check_types(self, ints, _F16_FLAGS, tuple(n for n, _ in _F16_POINTERS),
-                     tuple(n for n, _ in _F16_OPTIONAL_POINTERS))
+                     tuple(n for n, _ in _F16_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS))
         if not isinstance(self.weight_type, MoeF16WeightType):
             raise ArgumentTypeError(f"{MOE_PREFIX}: weight_type must be a MoeF16WeightType, "
                                     f"got {self.weight_type!r}")
-        _check_pointers(self, _F16_POINTERS, _F16_OPTIONAL_POINTERS)
+        _check_pointers(self, _F16_POINTERS, _F16_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS)
         m, n, k, group_size = self.prob_m, self.prob_n, self.prob_k, self.group_size
         if m <= 0 or n <= 0 or k <= 0:
             moe_fail(f"prob_m, prob_n, and prob_k must be positive, got [{m}, {n}, {k}]")
@@ -302,6 +354,7 @@ class MarlinMoeF16Launch:
         if self.weight_type is MoeF16WeightType.E4M3 and (self.has_zero_points or self.zero_points is not None):
             moe_fail("E4M3 forbids zero points")
         _check_modes(self)
+        _check_layer_extras(self)
         # The C call has no expert count: one given here only sizes buffers.
         if self.expert_count is not None and self.expert_count <= 0:
             moe_fail(f"expert_count must be positive, got {self.expert_count}")
@@ -329,7 +382,8 @@ class MarlinMoeF16Launch:
                 spans["b"] = moe_bytes("INT4 packed weight [E,K/16,2N] int32", experts, k // 16, 2 * n, 4)
             else:
                 spans["b"] = moe_bytes("FP8 packed weight [E,K/16,4N] int32", experts, k // 16, 4 * n, 4)
-        spans["c"] = moe_bytes("FP16 output [M*top_k,N]", rows, n, 2)
+        spans["c"] = (moe_bytes("FP16 output [M*top_k,N]", rows, n, 2) if self.add_rows_div == 0
+                      else moe_bytes("FP16 output [M*top_k/add_rows_div,N]", _output_rows(self), n, 2))
         if experts is not None:
             groups = 1 if self.group_size == -1 else k // self.group_size
             spans["scales"] = moe_bytes("FP16 scales [E,groups,N]", experts, groups, n, 2)
@@ -339,6 +393,7 @@ class MarlinMoeF16Launch:
             spans["c_tmp"] = moe_bytes("FP32 reduction scratch [M*top_k,N]", rows, n, 4)
         if self.topk_weights is not None:
             spans["topk_weights"] = moe_bytes("top-k weights [M,top_k]", rows, 4)
+        _add_layer_spans(self, spans)
         _check_ranges(self, spans)
         return spans
 
@@ -382,8 +437,13 @@ class MarlinMoeMxfp4Bf16Launch:
     device_ordinal: int = 0
     use_atomic_add: bool = True
     use_fp32_reduce: bool = False
+    add_rows_div: int = 0
+    clear: int | None = None
+    clear_bytes: int = 0
 
-    entry_point = "ferrum_vllm_marlin_moe_mxfp4_bf16"
+    @property
+    def entry_point(self) -> str:
+        return "ferrum_vllm_marlin_moe_mxfp4_bf16" + ("_ex" if _is_layer_call(self) else "")
 
     @property
     def shape(self) -> dict[str, object]:
@@ -396,9 +456,9 @@ class MarlinMoeMxfp4Bf16Launch:
 
     def validate(self, sms: int | None = None) -> dict[str, int]:
         """As :meth:`MarlinMoeF16Launch.validate`."""
-        _check_types(self, _MXFP4_INTS, _MXFP4_FLAGS, tuple(n for n, _ in _MXFP4_POINTERS),
-                     tuple(n for n, _ in _MXFP4_OPTIONAL_POINTERS))
-        _check_pointers(self, _MXFP4_POINTERS, _MXFP4_OPTIONAL_POINTERS)
+        _check_types(self, _MXFP4_INTS + _LAYER_INTS, _MXFP4_FLAGS, tuple(n for n, _ in _MXFP4_POINTERS),
+                     tuple(n for n, _ in _MXFP4_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS))
+        _check_pointers(self, _MXFP4_POINTERS, _MXFP4_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS)
         m, n, k = self.prob_m, self.prob_n, self.prob_k
         if self.expert_count <= 0:
             moe_fail(f"MXFP4 expert_count must be positive, got {self.expert_count}")
@@ -418,6 +478,7 @@ class MarlinMoeMxfp4Bf16Launch:
             moe_fail(f"MXFP4 prob_k {k} must be divisible by group_size {MXFP4_GROUP_SIZE}")
         _check_device(self.device_ordinal)
         _check_modes(self)
+        _check_layer_extras(self)
         spans = self._spans()
         # This library's own rule: the original contract does not ask k % 64.
         if k % 64 != 0:
@@ -432,7 +493,8 @@ class MarlinMoeMxfp4Bf16Launch:
         spans = {
             "a": moe_bytes("MXFP4 BF16 input [M,K]", m, k, 2),
             "b": moe_bytes("MXFP4 E2M1 packed weight [E,N,K/2]", experts, n, k // 2),
-            "c": moe_bytes("MXFP4 BF16 output [M*top_k,N]", rows, n, 2),
+            "c": (moe_bytes("MXFP4 BF16 output [M*top_k,N]", rows, n, 2) if self.add_rows_div == 0
+                  else moe_bytes("MXFP4 BF16 output [M*top_k/add_rows_div,N]", _output_rows(self), n, 2)),
             "bias": moe_bytes("MXFP4 BF16 bias [E,N]", experts, n, 2),
             "scales": moe_bytes("MXFP4 E8M0 scales [E,K/32,N]", experts, k // MXFP4_GROUP_SIZE, n),
         }
@@ -440,6 +502,7 @@ class MarlinMoeMxfp4Bf16Launch:
             spans["c_tmp"] = moe_bytes("MXFP4 FP32 reduction scratch [M*top_k,N]", rows, n, 4)
         if self.topk_weights is not None:
             spans["topk_weights"] = moe_bytes("MXFP4 top-k weights [M,top_k]", rows, 4)
+        _add_layer_spans(self, spans)
         _check_ranges(self, spans)
         return spans
 

@@ -131,10 +131,13 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
     # ---- the GEMMs ---------------------------------------------------------------------
 
     def _gemm(self, dtype, a, b, c, workspace, sorted_ids, expert_ids, count, topk_weights, block, top_k, mul,
-              is_ep, prob_m, prob_n, prob_k):
+              is_ep, prob_m, prob_n, prob_k, add_rows_div=0, clear=None, clear_bytes=0):
         """C[t] = A[t // top_k] @ W[e] (+ bias[e]) (x topk_weights[t]) for every
-        id t of a block whose expert e is not skipped."""
+        id t of a block whose expert e is not skipped; with add_rows_div, C[t //
+        div] += that, rounded after every add; ``clear`` zeroed first."""
         assert (at(workspace, np.int32, (4 * self.sms,)) == 0).all(), "the workspace must be zero on entry"
+        if clear is not None:
+            ctypes.memset(clear, 0, clear_bytes)
         dense, bias = self.weights[b]
         rows = prob_m * top_k
         used = int(at(count, np.int32, (1,))[0])
@@ -142,13 +145,17 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
         experts = at(expert_ids, np.int32, (used // block,))
         a_rows = at(a, dtype, (prob_m, prob_k)).astype(np.float64)
         scale = at(topk_weights, np.float32, (rows,)) if mul else None
-        out = at(c, dtype, (rows, prob_n))
+        div = add_rows_div if add_rows_div > 0 else 1
+        out = at(c, dtype, (rows // div, prob_n))
         for i, t in enumerate(ids):
             e = experts[i // block]
             if not 0 <= t < rows or (is_ep and e < 0):
                 continue
             value = a_rows[t // top_k] @ dense[e] + (0.0 if bias is None else bias[e])
-            out[t] = _round(value * (1.0 if scale is None else float(scale[t])), dtype)
+            value = value * (1.0 if scale is None else float(scale[t]))
+            if add_rows_div > 0:
+                value = value + out[t // div].astype(np.float64)
+            out[t // div] = _round(value, dtype)
         return 0
 
     def ferrum_vllm_marlin_moe_f16(self, a, b, c, c_tmp, scales, zp, workspace, sorted_ids, expert_ids, count,
@@ -160,9 +167,25 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
 
     ferrum_vllm_marlin_moe_fp8_f16 = ferrum_vllm_marlin_moe_f16
 
+    def ferrum_vllm_marlin_moe_f16_ex(self, a, b, c, c_tmp, scales, zp, workspace, sorted_ids, expert_ids, count,
+                                      topk_weights, block, top_k, mul, is_ep, prob_m, prob_n, prob_k, group, has_zp,
+                                      dev, stream, atomic, fp32, add_rows_div, clear, clear_bytes):
+        self.calls.append("gemm_f16")
+        return self._gemm(np.dtype(np.float16), a, b, c, workspace, sorted_ids, expert_ids, count, topk_weights,
+                          block, top_k, mul, is_ep, prob_m, prob_n, prob_k, add_rows_div, clear, clear_bytes)
+
+    ferrum_vllm_marlin_moe_fp8_f16_ex = ferrum_vllm_marlin_moe_f16_ex
+
     def ferrum_vllm_marlin_moe_mxfp4_bf16(self, a, b, c, c_tmp, bias, scales, workspace, sorted_ids, expert_ids,
                                           count, topk_weights, block, top_k, mul, is_ep, prob_m, prob_n, prob_k,
                                           group, dev, stream, atomic, fp32):
         self.calls.append("gemm_mxfp4")
         return self._gemm(BF16, a, b, c, workspace, sorted_ids, expert_ids, count, topk_weights, block, top_k, mul,
                           is_ep, prob_m, prob_n, prob_k)
+
+    def ferrum_vllm_marlin_moe_mxfp4_bf16_ex(self, a, b, c, c_tmp, bias, scales, workspace, sorted_ids, expert_ids,
+                                             count, topk_weights, block, top_k, mul, is_ep, prob_m, prob_n, prob_k,
+                                             group, dev, stream, atomic, fp32, add_rows_div, clear, clear_bytes):
+        self.calls.append("gemm_mxfp4")
+        return self._gemm(BF16, a, b, c, workspace, sorted_ids, expert_ids, count, topk_weights, block, top_k, mul,
+                          is_ep, prob_m, prob_n, prob_k, add_rows_div, clear, clear_bytes)

@@ -14,6 +14,7 @@ import ctypes
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -924,3 +925,49 @@ def test_profile_sink_that_cannot_open_raises_with_the_native_reason(lib, tmp_pa
         ferrum_ffi.configure_moe_profile_sink(tmp_path / "no" / "such" / "dir" / "moe.jsonl")
     assert lib.ferrum_vllm_marlin_moe_profile_enabled() == 0
     assert not str(info.value).endswith("no reason given")
+
+
+# The layer variants (_ex): the same checks plus add_rows_div / clear / clear_bytes.
+MOE_LAYER_GOOD = dict(add_rows_div=0, clear=None, clear_bytes=0)
+MOE_LAYER_BAD = {
+    "negative_div": dict(add_rows_div=-1),
+    "div_with_fp32_reduce": dict(add_rows_div=1, use_atomic_add=0, use_fp32_reduce=1, c_tmp=0xA000),
+    "div_not_dividing_rows": dict(add_rows_div=3),
+    "clear_without_bytes": dict(clear=0xB0000),
+    "bytes_without_clear": dict(clear_bytes=16),
+    "bytes_not_16": dict(clear=0xB0000, clear_bytes=24),
+    "misaligned_clear": dict(clear=0xB0008, clear_bytes=16),
+}
+
+
+def test_moe_layer_argument_tables_follow_the_header():
+    for entry in ("ferrum_vllm_marlin_moe_f16_ex", "ferrum_vllm_marlin_moe_fp8_f16_ex"):
+        assert _header_parameter_names(entry) == list(MOE_F16_GOOD) + list(MOE_LAYER_GOOD)
+    assert _header_parameter_names("ferrum_vllm_marlin_moe_mxfp4_bf16_ex") == (
+        list(MOE_MXFP4_GOOD) + list(MOE_LAYER_GOOD))
+
+
+def _with_layer(launch, args: dict):
+    return replace(launch, add_rows_div=args["add_rows_div"], clear=args["clear"] or None,
+                   clear_bytes=args["clear_bytes"])
+
+
+@pytest.mark.parametrize("case", sorted(MOE_LAYER_BAD))
+@pytest.mark.parametrize("entry", ["ferrum_vllm_marlin_moe_f16_ex", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex"])
+def test_python_and_library_refuse_the_same_layer_launches(lib, case, entry):
+    mxfp4 = "mxfp4" in entry
+    args = {**(MOE_MXFP4_GOOD if mxfp4 else MOE_F16_GOOD), **MOE_LAYER_GOOD, **MOE_LAYER_BAD[case]}
+    launch = _mxfp4_launch(args) if mxfp4 else _f16_launch(MoeF16WeightType.U4B8, args)
+    with pytest.raises((ferrum_ffi.ArgumentError, ferrum_ffi.ArgumentTypeError)):
+        _with_layer(launch, args).validate()
+    _expect_refused(lib, entry, args)
+
+
+@pytest.mark.parametrize("entry", ["ferrum_vllm_marlin_moe_f16_ex", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex"])
+def test_valid_layer_arguments_pass_python_and_reach_the_device_query(lib, no_gpu, entry):
+    mxfp4 = "mxfp4" in entry
+    args = {**(MOE_MXFP4_GOOD if mxfp4 else MOE_F16_GOOD), "add_rows_div": 2, "clear": 0xB0000, "clear_bytes": 64}
+    launch = _mxfp4_launch(args) if mxfp4 else _f16_launch(MoeF16WeightType.U4B8, args)
+    _with_layer(launch, args).validate()
+    status = StagedNativeStatus.decode(getattr(lib, entry)(*args.values()))
+    assert status is not None and status.stage not in (7, 8), status  # past every argument rule

@@ -274,17 +274,18 @@ def inputs(m: int = 4, top_k: int = 2, kind: str = "u4b8") -> dict:
 # mul is_ep prob_m prob_n prob_k group has_zp dev stream atomic fp32
 A, B, C, C_TMP, SCALES, ZP, WS, SORTED, EXPERTS, COUNT, TOPK_W, BLOCK, TOP_K, MUL, IS_EP = range(15)
 PROB_M, PROB_N, PROB_K, GROUP, HAS_ZP, DEV, STREAM, ATOMIC, FP32 = range(15, 24)
-GEMM = "ferrum_vllm_marlin_moe_f16"
+ADD_ROWS, CLEAR, CLEAR_BYTES = range(24, 27)  # the _ex variant's last arguments
+GEMM = "ferrum_vllm_marlin_moe_f16_ex"  # atomic mode (the default): the layer variant
+GEMM_FP32 = "ferrum_vllm_marlin_moe_f16"  # fp32 reduce: the plain entry, then moe_sum
 
 
 # ---- what reaches the library ------------------------------------------------------------------
 
 
-def test_one_layer_is_align_gemm_silu_gemm_sum_on_one_stream(lib):
+def test_one_layer_is_align_gemm_silu_gemm_on_one_stream(lib):
     args = inputs()
     out = ff.fused_moe(**args, stream=77)
-    assert lib.names() == ["memset", "ferrum_moe_align_block_size", GEMM, "ferrum_silu_and_mul", GEMM,
-                           "ferrum_moe_sum"]
+    assert lib.names() == ["memset", "ferrum_moe_align_block_size", GEMM, "ferrum_silu_and_mul", GEMM]
     assert all(call[-1] == 77 for name, call in lib.calls[1:] if name != GEMM)
     workspace = lib.args("memset")[0]
     assert lib.args("memset") == (workspace, 0, 4 * SMS * 4, 77)  # a new workspace is zeroed once
@@ -308,18 +309,40 @@ def test_one_layer_is_align_gemm_silu_gemm_sum_on_one_stream(lib):
     assert (down[A], down[B], down[TOPK_W], down[MUL], down[TOP_K]) == (
         silu[1], ptr(w2.qweight), ptr(args["topk_weights"]), 1, 1)
     assert down[PROB_M:GROUP] == (8, H, I) and down[STREAM] == gate_up[STREAM] == 77
-    assert down[C] == gate_up[C]  # the gate/up output is dead by then: its storage is reused
-    assert lib.args("ferrum_moe_sum")[:5] == (down[C], ptr(out), 4, 2, H)
+    # The gate/up GEMM zeroes out; the down GEMM adds row t into out[t // top_k].
+    assert gate_up[ADD_ROWS:] == (0, ptr(out), 4 * H * 2)
+    assert down[C] == ptr(out) and down[ADD_ROWS:] == (2, None, 0)
     assert out.__cuda_array_interface__["shape"] == (4, H)
+
+
+def test_fp32_reduce_keeps_the_rows_and_sums_them_in_order(lib):
+    args = inputs()
+    out = ff.fused_moe(**args, fp32_reduce=True)
+    assert lib.names() == ["memset", "ferrum_moe_align_block_size", GEMM_FP32, "ferrum_silu_and_mul", GEMM_FP32,
+                           "ferrum_moe_sum"]
+    gate_up, down = lib.args(GEMM_FP32, 0), lib.args(GEMM_FP32, 1)
+    assert len(down) == 24 and down[C] == gate_up[C]  # the gate/up output is dead by then: its storage is reused
+    assert lib.args("ferrum_moe_sum")[:5] == (down[C], ptr(out), 4, 2, H)
+
+
+def test_out_sharing_memory_with_hidden_is_summed_after_the_gemms(lib):
+    # Zeroing out in the gate/up GEMM would destroy hidden before it is read.
+    args = inputs()
+    ff.fused_moe(**args, out=args["hidden"])
+    assert lib.names()[-3:] == ["ferrum_silu_and_mul", GEMM_FP32, "ferrum_moe_sum"]
+    assert lib.args("ferrum_moe_sum")[1] == ptr(args["hidden"])
+    ff.fused_moe(**args)  # the same signature with a fresh out: the kept plan is not reused
+    assert lib.names()[-2:] == ["ferrum_silu_and_mul", GEMM]
 
 
 SCRATCH = (C, WS, SORTED, EXPERTS, COUNT)
 
 
 def scratch_pointers(lib) -> list[tuple]:
-    """The scratch pointers of the last call's two GEMMs and its activation output."""
-    gemms = [args for name, args in lib.calls[-6:] if name == GEMM]
-    return [tuple(args[i] for i in SCRATCH) for args in gemms] + [gemms[1][A]]
+    """The scratch pointers of the last call's two GEMMs (the down GEMM's C is
+    out) and its activation output."""
+    gate_up, down = [args for name, args in lib.calls if name == GEMM][-2:]
+    return [tuple(gate_up[i] for i in SCRATCH), tuple(down[i] for i in SCRATCH[1:]), down[A]]
 
 
 def test_scratch_is_reused_and_grown_on_demand(lib):
@@ -333,7 +356,7 @@ def test_scratch_is_reused_and_grown_on_demand(lib):
     ff.fused_moe(**inputs(m=64), stream=5)
     assert len(lib.allocations) > allocated + 3  # larger: grown
     ff.fused_moe(**inputs(m=16), stream=6)
-    assert lib.names()[-6] == "memset" and scratch_pointers(lib)[0] != first[0]  # another stream, its own
+    assert lib.names()[-5] == "memset" and scratch_pointers(lib)[0] != first[0]  # another stream, its own
 
 
 def test_top_k_one_writes_the_down_gemm_into_out(lib):
@@ -341,26 +364,39 @@ def test_top_k_one_writes_the_down_gemm_into_out(lib):
     assert ff.fused_moe(**inputs(top_k=1), out=out) is out
     assert lib.names()[-2:] == ["ferrum_silu_and_mul", GEMM]
     assert lib.args(GEMM, 1)[C] == ptr(out) and lib.args(GEMM, 1)[PROB_M] == 4
+    assert lib.args(GEMM, 1)[ADD_ROWS] == 1 and lib.args(GEMM, 0)[CLEAR] == ptr(out)
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_expert_parallel_zeroes_the_down_rows_after_the_activation(lib, top_k):
+def test_expert_parallel_adds_nothing_for_other_ranks_rows(lib, top_k):
+    # The down GEMM adds into out, which the gate/up GEMM zeroed: a skipped row adds nothing.
     expert_map = FakeCAI((8,), "<i4")
     out = FakeCAI((4, H), "<f2")
     ff.fused_moe(**inputs(top_k=top_k), expert_map=expert_map, out=out)
-    names = lib.names()
-    assert names[names.index("ferrum_silu_and_mul") + 1:][:2] == ["memset", GEMM]
-    align, down = lib.args("ferrum_moe_align_block_size"), lib.args(GEMM, 1)
+    assert lib.names()[1:] == ["ferrum_moe_align_block_size", GEMM, "ferrum_silu_and_mul", GEMM]
+    align, gate_up, down = lib.args("ferrum_moe_align_block_size"), lib.args(GEMM, 0), lib.args(GEMM, 1)
     assert align[3] == 8 and align[5] == ptr(expert_map)  # routed among the 8 global experts
-    assert lib.args(GEMM, 0)[IS_EP] == down[IS_EP] == 1
-    zeroed = lib.args("memset", 1)
+    assert gate_up[IS_EP] == down[IS_EP] == 1
+    assert gate_up[CLEAR:] == (ptr(out), 4 * H * 2) and (down[C], down[ADD_ROWS]) == (ptr(out), top_k)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_expert_parallel_with_fp32_reduce_zeroes_the_down_rows_after_the_activation(lib, top_k):
+    expert_map = FakeCAI((8,), "<i4")
+    out = FakeCAI((4, H), "<f2")
+    ff.fused_moe(**inputs(top_k=top_k), expert_map=expert_map, out=out, fp32_reduce=True)
+    names = lib.names()
+    assert names[names.index("ferrum_silu_and_mul") + 1:][:2] == ["memset", GEMM_FP32]
+    down = lib.args(GEMM_FP32, 1)
+    assert lib.args(GEMM_FP32, 0)[IS_EP] == down[IS_EP] == 1
+    zeroed = lib.args("memset", 1)  # after the new workspace's
     assert zeroed == (down[C], 0, 4 * top_k * H * 2, 0)
     assert (zeroed[0] == ptr(out)) == (top_k == 1)
 
 
 def test_fp32_reduce_shares_one_c_tmp(lib):
     ff.fused_moe(**inputs(m=64, top_k=4), fp32_reduce=True)
-    gate_up, down = lib.args(GEMM, 0), lib.args(GEMM, 1)
+    gate_up, down = lib.args(GEMM_FP32, 0), lib.args(GEMM_FP32, 1)
     assert gate_up[C_TMP] == down[C_TMP] is not None
     assert (gate_up[ATOMIC], gate_up[FP32], down[ATOMIC], down[FP32]) == (0, 1, 0, 1)
     block = gate_up[BLOCK]
@@ -374,19 +410,21 @@ def test_mxfp4_runs_bf16_with_the_swiglu_padded_to_w2_k(lib, w2, physical_i):
     # default now that the kernels run partial tiles), zeros up to a padded K.
     args = {**inputs(kind="mxfp4"), "w2": w2}
     ff.fused_moe(**args, alpha=1.5, limit=6.0)
-    assert lib.names()[1:] == ["ferrum_moe_align_block_size", "ferrum_vllm_marlin_moe_mxfp4_bf16",
-                               "ferrum_gpt_oss_swiglu", "ferrum_vllm_marlin_moe_mxfp4_bf16", "ferrum_moe_sum"]
-    gate_up = lib.args("ferrum_vllm_marlin_moe_mxfp4_bf16", 0)
-    down = lib.args("ferrum_vllm_marlin_moe_mxfp4_bf16", 1)
+    assert lib.names()[1:] == ["ferrum_moe_align_block_size", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex",
+                               "ferrum_gpt_oss_swiglu", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex"]
+    gate_up = lib.args("ferrum_vllm_marlin_moe_mxfp4_bf16_ex", 0)
+    down = lib.args("ferrum_vllm_marlin_moe_mxfp4_bf16_ex", 1)
     swiglu = lib.args("ferrum_gpt_oss_swiglu")
     assert swiglu[0] == gate_up[2] and swiglu[2:8] == (8, MX_I, physical_i, 1.5, 6.0, FERRUM_DTYPE_BF16)
     assert (gate_up[4], down[4]) == (ptr(MX13.bias), ptr(w2.bias))  # the kernel adds the bias
     # a b c c_tmp bias scales ws sorted experts count topk block top_k mul ep prob_m prob_n prob_k
     assert gate_up[15:18] == (4, 2 * MX_I, MX_H) and down[15:18] == (8, MX_H, physical_i)
     assert down[0] == swiglu[1] and down[10] == ptr(args["topk_weights"]) and down[12:14] == (1, 1)
+    # ... add_rows_div clear clear_bytes: each token's rows summed into out, zeroed by the gate/up GEMM.
+    assert down[23] == 2 and gate_up[24] == down[2]
 
 
-@pytest.mark.parametrize("kind, entry, has_zp", [("fe4m3fn", "ferrum_vllm_marlin_moe_fp8_f16", 0), ("u4", GEMM, 1)])
+@pytest.mark.parametrize("kind, entry, has_zp", [("fe4m3fn", "ferrum_vllm_marlin_moe_fp8_f16_ex", 0), ("u4", GEMM, 1)])
 def test_each_kind_reaches_its_entry_point(lib, kind, entry, has_zp):
     ff.fused_moe(**inputs(kind=kind))
     gate_up = lib.args(entry, 0)
@@ -548,7 +586,7 @@ NEIGHBOURS = [
 @pytest.mark.parametrize("changes", NEIGHBOURS)
 def test_valid_neighbours_pass(lib, changes):
     ff.fused_moe(**{**inputs(), **changes})
-    assert lib.names()[-1] in (GEMM, "ferrum_moe_sum")
+    assert lib.names()[-1] in (GEMM, "ferrum_vllm_marlin_moe_fp8_f16_ex")
 
 
 MX_RULES = [
@@ -584,7 +622,8 @@ def test_mxfp4_neighbours(lib):
     ff.fused_moe(**{**inputs(kind="mxfp4"), "activation": "silu"})
     # A padded K on both projections: hidden passed padded, the SwiGLU pads I.
     ff.fused_moe(**{**inputs(kind="mxfp4"), "w13": _MX_PADDED13, "w2": _MX_PADDED2, "hidden": bf16_cai((4, 256))})
-    assert lib.names().count("ferrum_moe_sum") == 4
+    assert lib.names().count("ferrum_moe_sum") == 0  # every layer adds its rows in the down GEMM
+    assert lib.names()[-1] == "ferrum_vllm_marlin_moe_mxfp4_bf16_ex"
 
 
 # ---- kept plans: a warm call is the validated call ----------------------------------------------
@@ -674,7 +713,7 @@ def test_a_plan_serves_one_signature(lib, validations):
     # Another stream: the layer's rules hold, the calls are checked again on its own scratch.
     ff.fused_moe(**inputs(), stream=6)
     assert (validations.layer.count, validations.plans.count) == (1, 2)
-    assert lib.names()[-6] == "memset" and lib.args(GEMM, -1)[STREAM] == 6
+    assert lib.names()[-5] == "memset" and lib.args(GEMM, -1)[STREAM] == 6
     ff.fused_moe(**inputs(), stream=5)
     ff.fused_moe(**inputs(), stream=6)
     assert (validations.layer.count, validations.plans.count) == (1, 2)
@@ -725,8 +764,7 @@ def test_a_plan_calls_the_library_it_was_built_for(lib, monkeypatch):
     for module in (moe, moe_ops, _scratch, _devices, layer):
         monkeypatch.setattr(module, "library", lambda: other)
     ff.fused_moe(**inputs())
-    assert other.names()[-5:] == ["ferrum_moe_align_block_size", GEMM, "ferrum_silu_and_mul", GEMM,
-                                  "ferrum_moe_sum"]
+    assert other.names()[-4:] == ["ferrum_moe_align_block_size", GEMM, "ferrum_silu_and_mul", GEMM]
 
 
 def test_growing_or_releasing_the_scratch_drops_the_plans(lib, validations):
@@ -773,7 +811,7 @@ def test_a_warm_call_allocates_an_omitted_out_on_the_device(lib):
     ff.fused_moe(**inputs())
     allocated = len(lib.allocations)
     out = ff.fused_moe(**inputs())
-    assert len(lib.allocations) == allocated + 1 and lib.args("ferrum_moe_sum", -1)[1] == ptr(out)
+    assert len(lib.allocations) == allocated + 1 and lib.args(GEMM, -1)[C] == ptr(out)
 
 
 def test_a_warm_call_checks_an_allocated_out_as_the_launchers_do(lib, monkeypatch):
@@ -781,6 +819,6 @@ def test_a_warm_call_checks_an_allocated_out_as_the_launchers_do(lib, monkeypatc
     ff.fused_moe(**inputs())
     lib.calls.clear()
     monkeypatch.setattr(layer, "allocate", lambda *args, **kwargs: FakeCAI((4, H), "<f2", readonly=True))
-    with pytest.raises(ArgumentError, match="moe_sum: out is read-only"):
+    with pytest.raises(ArgumentError, match="launch_marlin_moe: clear is read-only"):
         ff.fused_moe(**inputs())
     assert lib.calls == []

@@ -217,11 +217,14 @@ def assert_rows(got: np.ndarray, ref: np.ndarray, tolerance: float) -> float:
 def run_moe(cp, weight: MarlinMoeWeight, x: np.ndarray, routing: Routing, block: int, *,
             fp32_reduce: bool = False, mul: bool = False, is_ep: bool = False, prob_m: int | None = None,
             top_k: int | None = None, sorted_ids: np.ndarray | None = None, expert_ids: np.ndarray | None = None,
-            count: np.ndarray | None = None, topk_weights: np.ndarray | None = None) -> np.ndarray:
+            count: np.ndarray | None = None, topk_weights: np.ndarray | None = None, add_rows_div: int = 0,
+            clear=None) -> np.ndarray:
     """One fused launch on a device ``weight`` with ``c`` prefilled with the
     sentinel; checks that the kernel left the lock workspace zero; returns
     ``c`` on the host. ``x`` holds the logical features (zero-padded here to
-    the weight's physical K). The routing arrays may be overridden."""
+    the weight's physical K). The routing arrays may be overridden.
+    ``add_rows_div``/``clear``: the layer variant, into a zeroed ``c`` of
+    ``m * top_k / add_rows_div`` rows."""
     m = routing.m if prob_m is None else prob_m
     top_k = routing.top_k if top_k is None else top_k
     dtype = weight.activation_dtype
@@ -229,7 +232,10 @@ def run_moe(cp, weight: MarlinMoeWeight, x: np.ndarray, routing: Routing, block:
     a[:, : x.shape[1]] = x
     n, rows = weight.n, m * top_k
     sms = sm_count(cp)
-    c = to_device(cp, np.full((rows, n), SENTINEL, dtype=dtype))
+    if add_rows_div:
+        c = cp.zeros((rows // add_rows_div, n), dtype=dtype)
+    else:
+        c = to_device(cp, np.full((rows, n), SENTINEL, dtype=dtype))
     workspace = cp.zeros(moe_workspace_ints(sms), dtype=cp.int32)
     c_tmp = cp.zeros(max(moe_c_tmp_floats(block, sms), rows * n), dtype=cp.float32) if fp32_reduce else None
     weights = routing.topk_weights if topk_weights is None else topk_weights
@@ -240,7 +246,7 @@ def run_moe(cp, weight: MarlinMoeWeight, x: np.ndarray, routing: Routing, block:
         num_tokens_past_padded=cp.asarray(routing.count if count is None else count),
         prob_m=m, prob_n=n, prob_k=weight.k, top_k=top_k, moe_block_size=block, group_size=weight.group_size,
         c_tmp=c_tmp, topk_weights=cp.asarray(np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)),
-        mul_topk_weights=mul, is_ep=is_ep, use_fp32_reduce=fp32_reduce,
+        mul_topk_weights=mul, is_ep=is_ep, use_fp32_reduce=fp32_reduce, add_rows_div=add_rows_div, clear=clear,
     )
     if weight.kind == "mxfp4":
         ff.launch_marlin_moe_mxfp4_bf16(**common, bias=weight.bias, expert_count=weight.num_experts)
@@ -1043,3 +1049,58 @@ def test_bucketed_zero_experts_is_a_no_op(cp):
     a = rng.standard_normal((total, weight.device.k)).astype(np.float16)
     got = run_bucket(cp, weight, a, counts, offsets, (), 16)
     assert (bits(got) == bits(np.full(1, SENTINEL, np.float16))[0]).all()
+
+
+# ---- the layer variants: rows added into a zeroed C, a buffer cleared for the next launch -------
+
+
+def summed_rows(ref: np.ndarray, div: int) -> np.ndarray:
+    """``ref``'s rows summed in groups of ``div`` (rows of other ranks' experts add 0)."""
+    return np.nan_to_num(ref, nan=0.0).reshape(-1, div, ref.shape[1]).sum(axis=1)
+
+
+@pytest.mark.parametrize("name, block, shape", [
+    ("u4b8-g128", 8, None), ("u4-g64", 16, None), ("fe4m3fn-g-1", 48, None), ("mxfp4", 8, None),
+    ("mxfp4", 32, None), ("u4b8-g128", 32, WIDE_SHAPE), ("u4-g128", 64, WIDE_SHAPE), ("fe4m3fn-g128", 32, WIDE_SHAPE),
+])
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_rows_added_into_a_zeroed_c(cp, name, block, shape, expert_parallel):
+    # Every partial of row t is added into row t / top_k (a token's experts
+    # summed, as the layer's down GEMM does) or row t (div 1); the bias once
+    # per row t; rows of other ranks' experts add nothing.
+    weight = make_weight(cp, name, shape, experts=6 if shape else E)
+    experts = weight.device.num_experts
+    rng = np.random.default_rng([block, 17])
+    expert_map = None
+    if expert_parallel:
+        expert_map = np.full(experts + 3, -1, dtype=np.int32)
+        expert_map[rng.choice(experts + 3, experts, replace=False)] = rng.permutation(experts).astype(np.int32)
+    top_k = 4
+    routing = route(rng, 37, top_k, experts + 3 if expert_parallel else experts, block, expert_map)
+    x = activations(rng, 37, weight.device.logical_k, weight.dtype)
+    ref = reference_rows(x, weight.w, routing, weight.bias, mul=True)
+    for div in (top_k, 1):
+        got = run_moe(cp, weight.device, x, routing, block, mul=True, is_ep=expert_parallel, add_rows_div=div)
+        expected = summed_rows(ref, div)
+        assert np.isfinite(got.astype(np.float64)).all()
+        # 16-bit adds of the partials and of the top_k rows: a few roundings more than the stored rows.
+        error = relative_l2(got.astype(np.float64), expected)
+        assert error <= 2 * TOLERANCE[weight.dtype], f"div {div}: relative L2 {error:.3g}"
+        if expert_parallel:
+            assert (got[(np.abs(expected) == 0).all(axis=1)] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["u4b8-g128", "mxfp4"])
+@pytest.mark.parametrize("count", [None, 0])
+def test_a_launch_clears_the_buffer_for_the_next_one(cp, name, count):
+    # Cleared whether or not the routing holds rows (count 0: every block exits early).
+    weight = make_weight(cp, name)
+    rng = np.random.default_rng(23)
+    routing = route(rng, 5, 2, E, 8)
+    x = activations(rng, 5, weight.device.logical_k, weight.dtype)
+    target = cp.full((3, 1000, 8), -7, dtype=cp.int16)  # 48 000 bytes: a grid-stride loop, not one pass
+    got = run_moe(cp, weight.device, x, routing, 8, mul=True, clear=target,
+                  count=None if count is None else np.zeros(1, dtype=np.int32))
+    assert int(cp.count_nonzero(target)) == 0
+    if count is None:
+        assert_rows(got, reference_rows(x, weight.w, routing, weight.bias, mul=True), TOLERANCE[weight.dtype])

@@ -564,3 +564,58 @@ def test_bucket_pointers():
         validate_moe_bucket_pointers(0x1000, 0x2000, 0x3000, 0x4000, 0x5004, 0x6004, 0, None)
     with pytest.raises(ArgumentError, match="active_expert_ids pointer 0x8002 must be 4-byte aligned"):
         validate_moe_bucket_pointers(0x1000, 0x2000, 0x3000, 0x4000, 0x5004, 0x6004, 0x7004, 0x8002)
+
+
+# ---- the layer variants (the _ex entry points): add_rows_div and clear --------------------------------
+
+
+@pytest.mark.parametrize("base", [F16, MXFP4], ids=["f16", "mxfp4"])
+def test_the_layer_arguments_select_the_ex_entry_point(base):
+    assert not base.entry_point.endswith("_ex")
+    assert replace(base, add_rows_div=1).entry_point == base.entry_point + "_ex"
+    assert replace(base, clear=0xA0000, clear_bytes=64).entry_point == base.entry_point + "_ex"
+    assert replace(F16, weight_type=E4M3, group_size=-1, add_rows_div=8).entry_point == (
+        "ferrum_vllm_marlin_moe_fp8_f16_ex")
+
+
+@pytest.mark.parametrize("base", [F16, MXFP4], ids=["f16", "mxfp4"])
+def test_add_rows_div_rules_and_neighbours(base):
+    rows = base.prob_m * base.top_k
+    rejects(replace(base, add_rows_div=-1), "add_rows_div must be >= 0, got -1")
+    rejects(replace(base, add_rows_div=1, **FP32_REDUCE),
+            "add_rows_div > 0 adds into a zeroed C and needs use_atomic_add")
+    rejects(replace(base, add_rows_div=3), f"add_rows_div 3 must divide prob_m * top_k = {rows}")
+    for div in (1, base.top_k, rows):
+        replace(base, add_rows_div=div).validate()
+
+
+@pytest.mark.parametrize("base", [F16, MXFP4], ids=["f16", "mxfp4"])
+def test_add_rows_div_sizes_c_by_the_summed_rows(base):
+    full = base.validate()["c"]
+    assert full == base.prob_m * base.top_k * base.prob_n * 2
+    assert replace(base, add_rows_div=base.top_k).validate()["c"] == full // base.top_k
+
+
+@pytest.mark.parametrize("base", [F16, MXFP4], ids=["f16", "mxfp4"])
+def test_clear_rules_and_neighbours(base):
+    rejects(replace(base, clear=0xA0000), "clear_bytes must be positive exactly when clear is given")
+    rejects(replace(base, clear_bytes=16), "clear_bytes must be positive exactly when clear is given")
+    rejects(replace(base, clear=0xA0000, clear_bytes=-16), "clear_bytes must be >= 0, got -16")
+    rejects(replace(base, clear=0xA0000, clear_bytes=24), "clear_bytes 24 must be a multiple of 16")
+    rejects(replace(base, clear=0xA0008, clear_bytes=16), "clear pointer 0xa0008 must be aligned to 16 bytes")
+    rejects(replace(base, clear=0, clear_bytes=16), "clear pointer must be non-null")
+    with pytest.raises(ArgumentTypeError, match="clear must be a device pointer"):
+        replace(base, clear=1.5, clear_bytes=16).validate()
+    spans = replace(base, clear=0xA0000, clear_bytes=4096).validate()
+    assert spans["clear"] == 4096
+
+
+def test_clear_must_not_meet_a_buffer_of_the_launch():
+    a_bytes = F16.prob_m * F16.prob_k * 2
+    rejects(replace(F16, clear=0x1000 + a_bytes - 16, clear_bytes=32),
+            f"clear [{0x1000 + a_bytes - 16:#x}, +32) overlaps a [0x1000, +{a_bytes})")
+    # Just past a: a neighbour that passes (c starts far beyond it).
+    replace(F16, a=0x100000, c=0x900000, clear=0x100000 + a_bytes, clear_bytes=32).validate()
+    c_bytes = F16.prob_m * F16.top_k * F16.prob_n * 2
+    rejects(replace(F16, a=0x100000, c=0x900000, clear=0x900000 + c_bytes - 16, clear_bytes=64),
+            f"clear [{0x900000 + c_bytes - 16:#x}, +64) overlaps c [0x900000, +{c_bytes})")

@@ -329,6 +329,58 @@ FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(const void* a, const void* b, v
                                                  int dev, ferrum_stream_t stream, int use_atomic_add,
                                                  int use_fp32_reduce);
 
+/* The same three GEMMs for a MoE layer's calls (fused_moe uses them), each with
+ * the arguments of its entry above and three more:
+ *   add_rows_div  0: C as above. r >= 1: C is zero on entry and every partial of
+ *                 output row t (of prob_m * top_k) is added, with atomics and no
+ *                 locks, into row t / r of C, which has prob_m * top_k / r rows
+ *                 (r must divide prob_m * top_k); the MXFP4 bias is added once per
+ *                 row t. r = top_k of the layer sums each token's expert rows (the
+ *                 down GEMM, topk weights applied per row). Needs use_atomic_add;
+ *                 partials and rows are summed in 16-bit arithmetic, in no fixed
+ *                 order.
+ *   clear         NULL, or a 16-byte aligned buffer that this launch zeroes once
+ *                 the previous kernel of the stream is done (before the next one
+ *                 starts): the next GEMM's add_rows_div destination. It must not
+ *                 overlap any buffer this launch reads or writes.
+ *   clear_bytes   0 with clear NULL, else a positive multiple of 16.
+ * A launch whose routing holds no rows still clears. Same status stages. */
+FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
+                                             const void* b_scales, const void* b_zeros,
+                                             void* workspace, const int* sorted_token_ids,
+                                             const int* expert_ids,
+                                             const int* num_tokens_past_padded,
+                                             const float* topk_weights, int moe_block_size,
+                                             int top_k, int mul_topk_weights, int is_ep, int prob_m,
+                                             int prob_n, int prob_k, int group_size, int has_zp,
+                                             int dev, ferrum_stream_t stream, int use_atomic_add,
+                                             int use_fp32_reduce, int add_rows_div, void* clear,
+                                             size_t clear_bytes);
+FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
+                                                 const void* b_scales, const void* b_zeros,
+                                                 void* workspace, const int* sorted_token_ids,
+                                                 const int* expert_ids,
+                                                 const int* num_tokens_past_padded,
+                                                 const float* topk_weights, int moe_block_size,
+                                                 int top_k, int mul_topk_weights, int is_ep,
+                                                 int prob_m, int prob_n, int prob_k, int group_size,
+                                                 int has_zp, int dev, ferrum_stream_t stream,
+                                                 int use_atomic_add, int use_fp32_reduce,
+                                                 int add_rows_div, void* clear, size_t clear_bytes);
+FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(const void* a, const void* b, void* c,
+                                                    void* c_tmp, const void* b_bias,
+                                                    const void* b_scales, void* workspace,
+                                                    const int* sorted_token_ids,
+                                                    const int* expert_ids,
+                                                    const int* num_tokens_past_padded,
+                                                    const float* topk_weights, int moe_block_size,
+                                                    int top_k, int mul_topk_weights, int is_ep,
+                                                    int prob_m, int prob_n, int prob_k,
+                                                    int group_size, int dev, ferrum_stream_t stream,
+                                                    int use_atomic_add, int use_fp32_reduce,
+                                                    int add_rows_div, void* clear,
+                                                    size_t clear_bytes);
+
 /* Profile sink: while a path is set, every MoE GEMM launch appends one JSON line
  *   {"event":"vllm_moe_config","entry":...,"shape":{"prob_m","prob_n","prob_k",
  *    "thread_k","thread_n","moe_block_size","top_k","group_size",...},

@@ -36,9 +36,10 @@ struct ColumnEpilogue {
   }
 
   // Stores (or atomically adds) the block's rows of column tile c of `slab`
-  // from sh_red, with channelwise scales, and the bias when it stores.
+  // from sh_red, with channelwise scales, and the bias where add_bias.
+  // Sorted launches with add_rows_div add output row t into row t / div.
   __device__ static void store_rows(const Args& p, const float* sh_red, int tid, int used_ids, int slab,
-                                    long long e, int c, bool atomic) {
+                                    long long e, int c, bool atomic, bool add_bias) {
     const bool grouped = p.group_shift >= 0;
     constexpr int vec_per_row = NTile / 8;
     const uint32_t* const s_pairs =
@@ -82,7 +83,7 @@ struct ColumnEpilogue {
           vals[2 * e2 + 1] *= s.y;
         }
       }
-      if (!atomic && bias != nullptr) {
+      if (add_bias && bias != nullptr) {
         uint32_t bw[4];
         if (p.route.bias_p32) {
           const uint32_t* b2 = reinterpret_cast<const uint32_t*>(bias) + channel_index(ncol) / 2;
@@ -109,6 +110,9 @@ struct ColumnEpilogue {
       uint32_t packed[4];
 #pragma unroll
       for (int e2 = 0; e2 < 4; ++e2) packed[e2] = N::from_floats(vals[2 * e2], vals[2 * e2 + 1]);
+      if constexpr (R == Route::Sorted) {
+        if (p.add_rows_div > 1) grow /= p.add_rows_div;
+      }
       char* const dst = static_cast<char*>(p.c) + 2 * (static_cast<size_t>(grow) * p.n + ncol);
       const int4 x = make_int4(packed[0], packed[1], packed[2], packed[3]);
       if (!atomic)
@@ -209,6 +213,13 @@ struct ColumnEpilogue {
                                           int used_ids, int slab, long long e, int c, int col, int range,
                                           int iters, int k_tiles, int part = 0) {
     const Share sh = share_of(p, e, c, col, range, iters, k_tiles, part);
+    if (R == Route::Sorted && p.add_rows_div > 0) {
+      // C was zeroed by an earlier kernel: every contributor adds, none waits;
+      // the bias comes with the part that is ready first.
+      store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, true, !sh.adds());
+      sync();  // sh_red is refilled next
+      return;
+    }
     const int r_lo = sh.r_lo, r_hi = sh.r_hi, contributors = sh.contributors;
     int* const lock = sh.lock;
     const bool shared_column = sh.shared();
@@ -250,7 +261,7 @@ struct ColumnEpilogue {
           *reinterpret_cast<float4*>(sh_red + mr * kRedStride + nv * 4) = sum;
         }
         sync();
-        store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, false);
+        store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, false, true);
       }
       sync();
     } else {
@@ -259,7 +270,7 @@ struct ColumnEpilogue {
       // counts finished contributors; the last one resets it to zero.
       const bool atomic = sh.adds();
       if (atomic) await_first(sh, tid, sync);
-      store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, atomic);
+      store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, atomic, !atomic);
       if (shared_column) {
         count_done(sh, tid, sync);
       } else {

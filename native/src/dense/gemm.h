@@ -70,6 +70,14 @@ struct Args {
   // other fields keep their parameter offsets (and their paired loads).
   const int* row_groups;
   int num_groups;
+  // Sorted launches of a MoE layer (the _ex entries): > 0, C is zero on entry
+  // and every partial of output row t is added, with atomics and no locks,
+  // into row t / add_rows_div; 0: the first partial is stored (locks).
+  int add_rows_div;
+  // Zeroed by a sorted launch once the previous kernel is done (the next
+  // launch's add_rows_div destination); null when clear_int4 is 0.
+  int4* clear;
+  long long clear_int4;
 };
 
 // Tile configurations the library is built with. M8 = activation rows / 8.

@@ -34,6 +34,10 @@ struct MoeCall {
   int prob_m, prob_n, prob_k, group_size, has_zp, dev;
   cudaStream_t stream;
   int use_atomic_add, use_fp32_reduce;
+  // The _ex entries (ferrum_marlin.h); zero for the others.
+  int add_rows_div = 0;
+  void* clear = nullptr;
+  size_t clear_bytes = 0;
 };
 
 template <class... Ts>
@@ -63,6 +67,27 @@ int check_group(const MoeCall& m) {
   }
   if (g > 0 && m.prob_k % g != 0)
     return bad_shape("%s: prob_k %d must be divisible by group_size %d", m.entry, m.prob_k, g);
+  return 0;
+}
+
+// The _ex entries' own arguments.
+int check_layer_extras(const MoeCall& m) {
+  const char* e = m.entry;
+  if (m.add_rows_div < 0) return invalid("%s: add_rows_div must be >= 0, got %d", e, m.add_rows_div);
+  if (m.add_rows_div > 0) {
+    if (m.use_atomic_add == 0)
+      return invalid("%s: add_rows_div > 0 adds into a zeroed C and needs use_atomic_add", e);
+    if ((static_cast<int64_t>(m.prob_m) * m.top_k) % m.add_rows_div != 0)
+      return bad_shape("%s: add_rows_div %d must divide prob_m * top_k = %lld", e, m.add_rows_div,
+                       static_cast<long long>(m.prob_m) * m.top_k);
+  }
+  if ((m.clear == nullptr) != (m.clear_bytes == 0))
+    return invalid("%s: clear_bytes must be positive exactly when clear is non-null", e);
+  if (m.clear != nullptr) {
+    if (int st = check_pointer(e, "clear", m.clear, 16)) return st;
+    if (m.clear_bytes % 16 != 0)
+      return invalid("%s: clear_bytes %zu must be a multiple of 16", e, m.clear_bytes);
+  }
   return 0;
 }
 
@@ -115,7 +140,7 @@ int check_call(const MoeCall& m) {
     return invalid("%s: exactly one of use_atomic_add and use_fp32_reduce must be enabled", e);
   if ((m.use_fp32_reduce != 0) != (m.c_tmp != nullptr))
     return invalid("%s: use_fp32_reduce must exactly match the c_tmp pointer", e);
-  return 0;
+  return check_layer_extras(m);
 }
 
 // FERRUM_VLLM_MOE_THREAD_K / _THREAD_N, when both are set: the forced tile.
@@ -189,6 +214,9 @@ int run(const MoeCall& m) {
   r.z_expert_int4 = groups * n / 32;
   r.bias_expert_bytes = static_cast<long long>(n) * 2;
   r.bias_p32 = m.w_type == WType::FE2M1;
+  args.add_rows_div = m.add_rows_div;
+  args.clear = static_cast<int4*>(m.clear);
+  args.clear_int4 = static_cast<long long>(m.clear_bytes / 16);
 
   int stage = FERRUM_STAGE_KERNEL_LAUNCH;
   const cudaError_t err = launch_routed_gemm(m.a_type, m.w_type, m8, Route::Sorted, nc, args,
@@ -254,6 +282,59 @@ FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(const void* a, const void* b, v
                            num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
                            is_ep, prob_m, prob_n, prob_k, group_size, 0, dev,
                            reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce});
+}
+
+FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
+                                             const void* b_scales, const void* b_zeros, void* workspace,
+                                             const int* sorted_token_ids, const int* expert_ids,
+                                             const int* num_tokens_past_padded, const float* topk_weights,
+                                             int moe_block_size, int top_k, int mul_topk_weights, int is_ep,
+                                             int prob_m, int prob_n, int prob_k, int group_size, int has_zp,
+                                             int dev, ferrum_stream_t stream, int use_atomic_add,
+                                             int use_fp32_reduce, int add_rows_div, void* clear,
+                                             size_t clear_bytes) {
+  return ferrum::moe::run({"ferrum_vllm_marlin_moe_f16_ex", AType::F16, has_zp ? WType::U4 : WType::U4B8, a, b,
+                           c, c_tmp, b_scales, b_zeros, nullptr, workspace, sorted_token_ids, expert_ids,
+                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
+                           is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
+                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
+                           clear, clear_bytes});
+}
+
+FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
+                                                 const void* b_scales, const void* b_zeros, void* workspace,
+                                                 const int* sorted_token_ids, const int* expert_ids,
+                                                 const int* num_tokens_past_padded,
+                                                 const float* topk_weights, int moe_block_size, int top_k,
+                                                 int mul_topk_weights, int is_ep, int prob_m, int prob_n,
+                                                 int prob_k, int group_size, int has_zp, int dev,
+                                                 ferrum_stream_t stream, int use_atomic_add,
+                                                 int use_fp32_reduce, int add_rows_div, void* clear,
+                                                 size_t clear_bytes) {
+  return ferrum::moe::run({"ferrum_vllm_marlin_moe_fp8_f16_ex", AType::F16, WType::FE4M3FN, a, b, c, c_tmp,
+                           b_scales, b_zeros, nullptr, workspace, sorted_token_ids, expert_ids,
+                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
+                           is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
+                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
+                           clear, clear_bytes});
+}
+
+FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(const void* a, const void* b, void* c, void* c_tmp,
+                                                    const void* b_bias, const void* b_scales, void* workspace,
+                                                    const int* sorted_token_ids, const int* expert_ids,
+                                                    const int* num_tokens_past_padded,
+                                                    const float* topk_weights, int moe_block_size, int top_k,
+                                                    int mul_topk_weights, int is_ep, int prob_m, int prob_n,
+                                                    int prob_k, int group_size, int dev,
+                                                    ferrum_stream_t stream, int use_atomic_add,
+                                                    int use_fp32_reduce, int add_rows_div, void* clear,
+                                                    size_t clear_bytes) {
+  return ferrum::moe::run({"ferrum_vllm_marlin_moe_mxfp4_bf16_ex", AType::BF16, WType::FE2M1, a, b, c, c_tmp,
+                           b_scales, nullptr, b_bias, workspace, sorted_token_ids, expert_ids,
+                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
+                           is_ep, prob_m, prob_n, prob_k, group_size, 0, dev,
+                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
+                           clear, clear_bytes});
 }
 
 }  // extern "C"
