@@ -136,6 +136,22 @@ _MOE_LAYER_ARGS: list[object] = [
     ctypes.c_size_t,  # clear_bytes
 ]
 
+_ALIGN_ARGS: list[object] = [
+    ctypes.c_void_p,  # topk_ids
+    ctypes.c_int,  # num_tokens
+    ctypes.c_int,  # top_k
+    ctypes.c_int,  # num_experts
+    ctypes.c_int,  # block_size
+    ctypes.c_void_p,  # expert_map
+    ctypes.c_void_p,  # sorted_token_ids
+    ctypes.c_int,  # sorted_capacity
+    ctypes.c_void_p,  # expert_ids
+    ctypes.c_int,  # expert_ids_capacity
+    ctypes.c_void_p,  # num_tokens_post_padded
+    ctypes.c_int,  # dev
+    _stream,  # stream
+]
+
 # name -> (restype, argtypes), mirroring the header line by line.
 PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "ferrum_marlin_abi_version": (ctypes.c_int, []),
@@ -233,23 +249,10 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
         ],
     ),
     # ---- MoE routing and the small ops of a MoE layer
-    "ferrum_moe_align_block_size": (
+    "ferrum_moe_align_block_size": (ctypes.c_int, _ALIGN_ARGS),
+    "ferrum_moe_align_block_size_ex": (
         ctypes.c_int,
-        [
-            ctypes.c_void_p,  # topk_ids
-            ctypes.c_int,  # num_tokens
-            ctypes.c_int,  # top_k
-            ctypes.c_int,  # num_experts
-            ctypes.c_int,  # block_size
-            ctypes.c_void_p,  # expert_map
-            ctypes.c_void_p,  # sorted_token_ids
-            ctypes.c_int,  # sorted_capacity
-            ctypes.c_void_p,  # expert_ids
-            ctypes.c_int,  # expert_ids_capacity
-            ctypes.c_void_p,  # num_tokens_post_padded
-            ctypes.c_int,  # dev
-            _stream,  # stream
-        ],
+        _ALIGN_ARGS + [ctypes.c_void_p, ctypes.c_size_t],  # clear, clear_bytes
     ),
     "ferrum_topk_softmax": (
         ctypes.c_int,

@@ -482,11 +482,12 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
     workspace = shared.workspace.array
     c_tmp = shared.c_tmp.array if fp32_reduce else None
     is_ep = call.expert_map is not None
-    # Atomic mode: the gate/up GEMM zeroes out, and the down GEMM adds every
-    # routed row, times its top-k weight, into its token's row of out (no
-    # moe_sum, no locks; rows of other ranks' experts add nothing). fp32
-    # reduce keeps the fixed order: rows through gemm_rows, then moe_sum
-    # (with top_k = 1 the down GEMM stores out directly).
+    # Atomic mode: the align kernel zeroes the gate/up output and the gate/up
+    # GEMM out, and each GEMM adds its partials (the down GEMM every routed
+    # row, times its top-k weight, into its token's row of out): no locks, no
+    # moe_sum; rows of other ranks' experts add nothing. fp32 reduce keeps the
+    # fixed order: rows through gemm_rows, then moe_sum (with top_k = 1 the
+    # down GEMM stores out directly).
     adds_out = _adds_out(call, fp32_reduce, out_view)
     top1 = call.top_k == 1
     down_writes_out = top1 or adds_out
@@ -494,11 +495,12 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
     writes_out = ((_GEMM_C, _OUT),) if down_writes_out else ()
 
     steps = [
-        _step(lib, align_call(topk_ids, call.num_experts, call.block_size, expert_map, routing, handle)[1],
+        _step(lib, align_call(topk_ids, call.num_experts, call.block_size, expert_map, routing, handle,
+                              clear=as_device_array(gate_up, "gate_up") if adds_out else None)[1],
               (_ALIGN_TOPK_IDS, _TOPK_IDS), *(((_ALIGN_EXPERT_MAP, _EXPERT_MAP),) if is_ep else ())),
         _step(lib, _gemm(w13, a=hidden, c=gate_up, routing=routing, workspace=workspace, c_tmp=c_tmp,
                          prob_m=call.m, top_k=call.top_k, block_size=call.block_size, is_ep=is_ep, stream=handle,
-                         clear=out if adds_out else None),
+                         add_rows_div=1 if adds_out else 0, clear=out if adds_out else None),
               (_GEMM_A, _HIDDEN), *(((_GEMM_CLEAR, _OUT),) if adds_out else ())),
     ]
     if activation == "silu":

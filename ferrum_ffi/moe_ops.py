@@ -160,9 +160,12 @@ def moe_align_block_size(
 
 
 def align_call(topk_ids: Any, num_experts: int, block_size: int, expert_map: Any, out: tuple[Any, Any, Any] | None,
-               stream: Any) -> tuple[tuple[Any, Any, Any], NativeCall]:
+               stream: Any, clear: DeviceArray | None = None) -> tuple[tuple[Any, Any, Any], NativeCall]:
     """:func:`moe_align_block_size` up to its native call: the outputs and the
-    checked call (``topk_ids`` first, ``expert_map`` sixth among its arguments)."""
+    checked call (``topk_ids`` first, ``expert_map`` sixth among its arguments).
+    ``clear``: a buffer the launch also zeroes (``ferrum_moe_align_block_size_ex``,
+    its last two arguments): 16-byte aligned, a multiple of 16 bytes, writable,
+    on the same device, disjoint from the routing arrays."""
     entry = "moe_align_block_size"
     ids_view = as_device_array(topk_ids, "topk_ids")
     check_array(entry, "topk_ids", ids_view, _INT32, ndim=2, alignment=4)
@@ -193,12 +196,27 @@ def align_call(topk_ids: Any, num_experts: int, block_size: int, expert_map: Any
         out_views = _align_outputs(entry, out, device, (sorted_capacity, blocks))
     sorted_view, expert_view, count_view = out_views
     views += out_views
+    extra: tuple = ()
+    if clear is not None:
+        _check_clear(entry, clear, views)
+        extra = (clear.ptr, clear.nbytes)
     handle = prepare_stream(stream, views)
-    return tuple(out), NativeCall("ferrum_moe_align_block_size", (
+    return tuple(out), NativeCall("ferrum_moe_align_block_size" + ("_ex" if extra else ""), (
         ids_view.ptr, num_tokens, top_k, num_experts, block_size, map_ptr,
         sorted_view.ptr, sorted_view.size, expert_view.ptr, expert_view.size, count_view.ptr,
-        device, handle,
+        device, handle, *extra,
     ), {"num_tokens": num_tokens, "top_k": top_k, "num_experts": num_experts, "block_size": block_size})
+
+
+def _check_clear(entry: str, clear: DeviceArray, views: list[DeviceArray]) -> None:
+    if clear.ptr % 16 or clear.nbytes % 16 or clear.nbytes == 0:
+        fail(f"{entry}: clear must be 16-byte aligned and a positive multiple of 16 bytes, got {clear.nbytes} "
+             f"bytes at {clear.ptr:#x}")
+    if clear.readonly:
+        fail(f"{entry}: clear is read-only")
+    for view in views:
+        if view.nbytes and clear.ptr < view.ptr + view.nbytes and view.ptr < clear.ptr + clear.nbytes:
+            fail(f"{entry}: clear overlaps a routing array")
 
 
 def _align_outputs(entry: str, out: Any, device: int, minimum: tuple[int, int]) -> list[DeviceArray]:

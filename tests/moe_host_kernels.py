@@ -96,6 +96,14 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
             at(ptr, np.int32, values.shape)[...] = values
         return 0
 
+    def ferrum_moe_align_block_size_ex(self, topk_ids, num_tokens, top_k, num_experts, block_size, expert_map,
+                                       sorted_ids, sorted_capacity, expert_ids, expert_capacity, count, dev, stream,
+                                       clear, clear_bytes):
+        self.ferrum_moe_align_block_size(topk_ids, num_tokens, top_k, num_experts, block_size, expert_map,
+                                         sorted_ids, sorted_capacity, expert_ids, expert_capacity, count, dev, stream)
+        ctypes.memset(clear, 0, clear_bytes)
+        return 0
+
     def ferrum_topk_softmax(self, logits, dtype, num_tokens, num_experts, top_k, renormalize, weights, ids, dev,
                             stream):
         self.calls.append("topk_softmax")

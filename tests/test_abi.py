@@ -971,3 +971,18 @@ def test_valid_layer_arguments_pass_python_and_reach_the_device_query(lib, no_gp
     _with_layer(launch, args).validate()
     status = StagedNativeStatus.decode(getattr(lib, entry)(*args.values()))
     assert status is not None and status.stage not in (7, 8), status  # past every argument rule
+
+
+ALIGN_GOOD = dict(topk_ids=0x1000, num_tokens=4, top_k=2, num_experts=8, block_size=16, expert_map=None,
+                  sorted_token_ids=0x2000, sorted_capacity=4 * 2 + 8 * 15, expert_ids=0x3000,
+                  expert_ids_capacity=9, num_tokens_post_padded=0x4000, dev=0, stream=None)
+
+
+def test_align_argument_tables_follow_the_header():
+    assert _header_parameter_names("ferrum_moe_align_block_size") == list(ALIGN_GOOD)
+    assert _header_parameter_names("ferrum_moe_align_block_size_ex") == list(ALIGN_GOOD) + ["clear", "clear_bytes"]
+
+
+@pytest.mark.parametrize("clear, clear_bytes", [(0x5000, 0), (None, 16), (0x5008, 16), (0x5000, 24)])
+def test_the_library_refuses_a_bad_align_clear(lib, clear, clear_bytes):
+    _expect_refused(lib, "ferrum_moe_align_block_size_ex", {**ALIGN_GOOD, "clear": clear, "clear_bytes": clear_bytes})

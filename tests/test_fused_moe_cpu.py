@@ -277,6 +277,7 @@ PROB_M, PROB_N, PROB_K, GROUP, HAS_ZP, DEV, STREAM, ATOMIC, FP32 = range(15, 24)
 ADD_ROWS, CLEAR, CLEAR_BYTES = range(24, 27)  # the _ex variant's last arguments
 GEMM = "ferrum_vllm_marlin_moe_f16_ex"  # atomic mode (the default): the layer variant
 GEMM_FP32 = "ferrum_vllm_marlin_moe_f16"  # fp32 reduce: the plain entry, then moe_sum
+ALIGN = "ferrum_moe_align_block_size_ex"  # atomic mode: the align launch also zeroes the gate/up output
 
 
 # ---- what reaches the library ------------------------------------------------------------------
@@ -285,11 +286,11 @@ GEMM_FP32 = "ferrum_vllm_marlin_moe_f16"  # fp32 reduce: the plain entry, then m
 def test_one_layer_is_align_gemm_silu_gemm_on_one_stream(lib):
     args = inputs()
     out = ff.fused_moe(**args, stream=77)
-    assert lib.names() == ["memset", "ferrum_moe_align_block_size", GEMM, "ferrum_silu_and_mul", GEMM]
-    assert all(call[-1] == 77 for name, call in lib.calls[1:] if name != GEMM)
+    assert lib.names() == ["memset", ALIGN, GEMM, "ferrum_silu_and_mul", GEMM]
+    assert lib.args("ferrum_silu_and_mul")[-1] == lib.args(ALIGN)[12] == 77
     workspace = lib.args("memset")[0]
     assert lib.args("memset") == (workspace, 0, 4 * SMS * 4, 77)  # a new workspace is zeroed once
-    align = lib.args("ferrum_moe_align_block_size")
+    align = lib.args(ALIGN)
     block = layer.default_block_size(4, 2, E)
     capacity = 4 * 2 + E * (block - 1)
     assert align[:6] == (ptr(args["topk_ids"]), 4, 2, E, block, None)
@@ -309,8 +310,10 @@ def test_one_layer_is_align_gemm_silu_gemm_on_one_stream(lib):
     assert (down[A], down[B], down[TOPK_W], down[MUL], down[TOP_K]) == (
         silu[1], ptr(w2.qweight), ptr(args["topk_weights"]), 1, 1)
     assert down[PROB_M:GROUP] == (8, H, I) and down[STREAM] == gate_up[STREAM] == 77
-    # The gate/up GEMM zeroes out; the down GEMM adds row t into out[t // top_k].
-    assert gate_up[ADD_ROWS:] == (0, ptr(out), 4 * H * 2)
+    # The align launch zeroes the gate/up output, the gate/up GEMM out; each
+    # GEMM adds its partials (the down GEMM row t into out[t // top_k]).
+    assert align[13:] == (gate_up[C], 8 * 2 * I * 2)
+    assert gate_up[ADD_ROWS:] == (1, ptr(out), 4 * H * 2)
     assert down[C] == ptr(out) and down[ADD_ROWS:] == (2, None, 0)
     assert out.__cuda_array_interface__["shape"] == (4, H)
 
@@ -373,8 +376,8 @@ def test_expert_parallel_adds_nothing_for_other_ranks_rows(lib, top_k):
     expert_map = FakeCAI((8,), "<i4")
     out = FakeCAI((4, H), "<f2")
     ff.fused_moe(**inputs(top_k=top_k), expert_map=expert_map, out=out)
-    assert lib.names()[1:] == ["ferrum_moe_align_block_size", GEMM, "ferrum_silu_and_mul", GEMM]
-    align, gate_up, down = lib.args("ferrum_moe_align_block_size"), lib.args(GEMM, 0), lib.args(GEMM, 1)
+    assert lib.names()[1:] == [ALIGN, GEMM, "ferrum_silu_and_mul", GEMM]
+    align, gate_up, down = lib.args(ALIGN), lib.args(GEMM, 0), lib.args(GEMM, 1)
     assert align[3] == 8 and align[5] == ptr(expert_map)  # routed among the 8 global experts
     assert gate_up[IS_EP] == down[IS_EP] == 1
     assert gate_up[CLEAR:] == (ptr(out), 4 * H * 2) and (down[C], down[ADD_ROWS]) == (ptr(out), top_k)
@@ -410,7 +413,7 @@ def test_mxfp4_runs_bf16_with_the_swiglu_padded_to_w2_k(lib, w2, physical_i):
     # default now that the kernels run partial tiles), zeros up to a padded K.
     args = {**inputs(kind="mxfp4"), "w2": w2}
     ff.fused_moe(**args, alpha=1.5, limit=6.0)
-    assert lib.names()[1:] == ["ferrum_moe_align_block_size", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex",
+    assert lib.names()[1:] == [ALIGN, "ferrum_vllm_marlin_moe_mxfp4_bf16_ex",
                                "ferrum_gpt_oss_swiglu", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex"]
     gate_up = lib.args("ferrum_vllm_marlin_moe_mxfp4_bf16_ex", 0)
     down = lib.args("ferrum_vllm_marlin_moe_mxfp4_bf16_ex", 1)
@@ -435,7 +438,7 @@ def test_each_kind_reaches_its_entry_point(lib, kind, entry, has_zp):
 
 def test_explicit_block_size(lib):
     ff.fused_moe(**inputs(), block_size=48)
-    assert lib.args("ferrum_moe_align_block_size")[4] == lib.args(GEMM, 1)[BLOCK] == 48
+    assert lib.args(ALIGN)[4] == lib.args(GEMM, 1)[BLOCK] == 48
 
 
 def test_no_tokens_no_calls(lib):
@@ -456,9 +459,9 @@ def test_the_layer_object_routes_then_runs(lib):
     moe_layer = ff.FusedMoE(W13["u4b8"], W2["u4b8"], top_k=2, renormalize=True)
     assert moe_layer.num_experts == E
     moe_layer(FakeCAI((4, H), "<f2"), FakeCAI((4, E), "<f2"), stream=3)
-    assert lib.names()[:3] == ["ferrum_topk_softmax", "memset", "ferrum_moe_align_block_size"]
+    assert lib.names()[:3] == ["ferrum_topk_softmax", "memset", ALIGN]
     weights, ids = lib.args("ferrum_topk_softmax")[6:8]
-    assert lib.args("ferrum_moe_align_block_size")[0] == ids and lib.args(GEMM, 1)[TOPK_W] == weights
+    assert lib.args(ALIGN)[0] == ids and lib.args(GEMM, 1)[TOPK_W] == weights
 
 
 def test_the_layer_object_with_an_expert_map_routes_global_experts(lib):
@@ -474,7 +477,7 @@ def test_the_layer_object_with_an_expert_map_routes_global_experts(lib):
         moe_layer(FakeCAI((4, H), "<f4"), FakeCAI((4, 16), "<f2"))
     assert lib.calls == []
     moe_layer(FakeCAI((4, H), "<f2"), FakeCAI((4, 16), "<f2"))
-    assert lib.args("ferrum_moe_align_block_size")[3] == 16
+    assert lib.args(ALIGN)[3] == 16
 
 
 @pytest.mark.parametrize("changes, exc, message", [
@@ -764,7 +767,7 @@ def test_a_plan_calls_the_library_it_was_built_for(lib, monkeypatch):
     for module in (moe, moe_ops, _scratch, _devices, layer):
         monkeypatch.setattr(module, "library", lambda: other)
     ff.fused_moe(**inputs())
-    assert other.names()[-4:] == ["ferrum_moe_align_block_size", GEMM, "ferrum_silu_and_mul", GEMM]
+    assert other.names()[-4:] == [ALIGN, GEMM, "ferrum_silu_and_mul", GEMM]
 
 
 def test_growing_or_releasing_the_scratch_drops_the_plans(lib, validations):

@@ -18,6 +18,7 @@ import pytest
 
 import ferrum_ffi as ff
 from ferrum_ffi import moe_ops
+from ferrum_ffi._interop import as_device_array
 
 from . import moe_reference as ref
 
@@ -126,6 +127,22 @@ def test_align_writes_every_entry_of_larger_outputs(cp):
     capacity, blocks = moe_ops.align_capacity(33, 8, 64, 16)
     out = tuple(cp.full(n, 12345, dtype=cp.int32) for n in (capacity + 100, blocks + 17, 1))
     check_align(cp, topk_ids, 64, 16, out=out)
+
+
+@pytest.mark.parametrize("clear_bytes", [16, 48_000, 3 * 1024 * 1024 + 16])
+def test_align_clears_a_buffer_beside_the_routing(cp, clear_bytes):
+    # One extra block per 256 KB (at most 128, each then looping): tiny, one-pass and looped sizes.
+    rng = np.random.default_rng(9)
+    topk_ids = routed_ids(rng, 37, 4, 16)
+    clear = cp.full(clear_bytes // 2, -5, dtype=cp.int16)
+    out, call = moe_ops.align_call(cp.asarray(topk_ids), 16, 16, None, None, None,
+                                   clear=as_device_array(clear, "clear"))
+    assert call.entry == "ferrum_moe_align_block_size_ex"
+    call.run(ff._native.library())
+    assert int(cp.count_nonzero(clear)) == 0
+    expected = ref.moe_align_block_size(topk_ids, 16, 16, None)
+    for g, e in zip(out, expected):
+        np.testing.assert_array_equal(g.get(), e)
 
 
 # ---- topk_softmax -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 
 from ferrum_ffi import moe_ops
 from ferrum_ffi._abi import FERRUM_DTYPE_BF16, FERRUM_DTYPE_F16, FERRUM_DTYPE_F32
+from ferrum_ffi._interop import as_device_array
 from ferrum_ffi._native import NativeLibrary
 from ferrum_ffi.status import ArgumentError, ArgumentTypeError, NativeError
 
@@ -209,6 +210,30 @@ def test_align_rejects_bad_topk_ids(lib, topk_ids, match, exc):
     with pytest.raises(exc, match=match):
         moe_ops.moe_align_block_size(topk_ids, 8, 8)
     assert lib.calls == []
+
+
+def test_align_call_with_a_clear_buffer_takes_the_ex_entry(lib):
+    ids, clear = i32(4, 8), f16(8, 64)
+    _, call = moe_ops.align_call(ids, 128, 16, None, None, 5, clear=as_device_array(clear, "clear"))
+    assert call.entry == "ferrum_moe_align_block_size_ex"
+    assert call.args[13:] == (ptr(clear), 8 * 64 * 2) and call.args[12] == 5
+
+
+@pytest.mark.parametrize("clear, match", [
+    (f16(8, 64, ptr=0x10008), "clear must be 16-byte aligned and a positive multiple of 16 bytes"),
+    (f16(3, 3), "clear must be 16-byte aligned and a positive multiple of 16 bytes, got 18 bytes"),
+    (f16(8, 64, readonly=True), "clear is read-only"),
+])
+def test_align_call_rejects_a_bad_clear_buffer(lib, clear, match):
+    with pytest.raises(ArgumentError, match=match):
+        moe_ops.align_call(i32(4, 8), 128, 16, None, None, 0, clear=as_device_array(clear, "clear"))
+
+
+def test_align_call_rejects_a_clear_buffer_over_the_routing(lib):
+    ids = i32(4, 8)
+    out = moe_ops.moe_align_block_size(ids, 128, 16)
+    with pytest.raises(ArgumentError, match="clear overlaps a routing array"):
+        moe_ops.align_call(ids, 128, 16, None, out, 0, clear=as_device_array(out[0], "clear"))
 
 
 def test_align_takes_an_aligned_topk_ids_view(lib):

@@ -439,6 +439,17 @@ FERRUM_API int ferrum_moe_align_block_size(const int* topk_ids, int num_tokens, 
                                            int* expert_ids, int expert_ids_capacity,
                                            int* num_tokens_post_padded, int dev,
                                            ferrum_stream_t stream);
+/* The same, and clear_bytes of clear (16-byte aligned, a multiple of 16; NULL and 0
+ * for none) zeroed by extra blocks of the launch once the previous kernel is done:
+ * the next GEMM's add_rows_div destination (fused_moe: the gate/up output). The
+ * buffer must not overlap the others. */
+FERRUM_API int ferrum_moe_align_block_size_ex(const int* topk_ids, int num_tokens, int top_k,
+                                              int num_experts, int block_size,
+                                              const int* expert_map, int* sorted_token_ids,
+                                              int sorted_capacity, int* expert_ids,
+                                              int expert_ids_capacity, int* num_tokens_post_padded,
+                                              int dev, ferrum_stream_t stream, void* clear,
+                                              size_t clear_bytes);
 /* Router: softmax over logits [num_tokens, num_experts] (dtype F16/BF16/F32), the
  * top_k largest (ties: lower id) -> topk_weights fp32 and topk_ids int32
  * [num_tokens, top_k]; renormalize divides the k weights by their sum. */

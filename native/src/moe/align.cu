@@ -48,6 +48,8 @@ struct Routing {
   int* expert_ids;
   int expert_ids_capacity;
   int* num_tokens_post_padded;
+  int4* clear;  // zeroed by blocks 1.. (the _ex entry); clear_int4 16-byte units
+  long long clear_int4;
 };
 
 // Pass 1 (place == false) adds a segment's ids to its counters; pass 2
@@ -99,6 +101,14 @@ __device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, i
 // The explicit 1 block per SM lets ptxas use 64 registers; with the thread
 // bound alone it holds this kernel to 32 and spills.
 __global__ void __launch_bounds__(kThreads, 1) align_kernel(const Routing r) {
+  if (blockIdx.x > 0) {
+    // The clearing blocks: the buffer may still be in use by the previous kernel.
+    ptx::enter_chain();
+    const long long stride = static_cast<long long>(gridDim.x - 1) * kThreads;
+    for (long long i = static_cast<long long>(blockIdx.x - 1) * kThreads + threadIdx.x; i < r.clear_int4; i += stride)
+      r.clear[i] = make_int4(0, 0, 0, 0);
+    return;
+  }
   extern __shared__ int shared[];
   int* counters = shared;                             // [segments][E]
   int* start = counters + r.segments * r.num_experts;  // [E] first padded slot of each expert
@@ -156,39 +166,41 @@ __global__ void __launch_bounds__(kThreads, 1) align_kernel(const Routing r) {
   }
 }
 
-constexpr const char* kEntry = "ferrum_moe_align_block_size";
+// Blocks that clear: one per 256 KB of the buffer, at most this many.
+constexpr long long kClearBytesPerBlock = 256 * 1024;
+constexpr long long kMaxClearBlocks = 128;
 
-int check(const int* topk_ids, int num_tokens, int top_k, int num_experts, int block_size,
+int check(const char* entry, const int* topk_ids, int num_tokens, int top_k, int num_experts, int block_size,
           const int* expert_map, const int* sorted_token_ids, int sorted_capacity, const int* expert_ids,
           int expert_ids_capacity, const int* num_tokens_post_padded) {
-  if (int st = check_pointer(kEntry, "topk_ids", topk_ids, 4)) return st;
-  if (int st = check_pointer(kEntry, "sorted_token_ids", sorted_token_ids, 4)) return st;
-  if (int st = check_pointer(kEntry, "expert_ids", expert_ids, 4)) return st;
-  if (int st = check_pointer(kEntry, "num_tokens_post_padded", num_tokens_post_padded, 4)) return st;
+  if (int st = check_pointer(entry, "topk_ids", topk_ids, 4)) return st;
+  if (int st = check_pointer(entry, "sorted_token_ids", sorted_token_ids, 4)) return st;
+  if (int st = check_pointer(entry, "expert_ids", expert_ids, 4)) return st;
+  if (int st = check_pointer(entry, "num_tokens_post_padded", num_tokens_post_padded, 4)) return st;
   if (expert_map != nullptr && !aligned(expert_map, 4))
-    return ops::invalid("%s: expert_map=%p must be 4-byte aligned", kEntry, static_cast<const void*>(expert_map));
-  if (int st = ops::check_positive(kEntry, "num_tokens", num_tokens)) return st;
-  if (int st = ops::check_positive(kEntry, "top_k", top_k)) return st;
-  if (int st = ops::check_positive(kEntry, "num_experts", num_experts)) return st;
-  if (int st = ops::check_positive(kEntry, "block_size", block_size)) return st;
+    return ops::invalid("%s: expert_map=%p must be 4-byte aligned", entry, static_cast<const void*>(expert_map));
+  if (int st = ops::check_positive(entry, "num_tokens", num_tokens)) return st;
+  if (int st = ops::check_positive(entry, "top_k", top_k)) return st;
+  if (int st = ops::check_positive(entry, "num_experts", num_experts)) return st;
+  if (int st = ops::check_positive(entry, "block_size", block_size)) return st;
   if (num_experts > ops::kMaxExperts)
-    return ops::bad_shape("%s: num_experts=%d exceeds the %d experts of the single-block kernel", kEntry,
+    return ops::bad_shape("%s: num_experts=%d exceeds the %d experts of the single-block kernel", entry,
                           num_experts, ops::kMaxExperts);
   const int64_t numel = static_cast<int64_t>(num_tokens) * top_k;
   if (numel > INT32_MAX)
-    return ops::bad_shape("%s: num_tokens * top_k = %lld does not fit int32", kEntry,
+    return ops::bad_shape("%s: num_tokens * top_k = %lld does not fit int32", entry,
                           static_cast<long long>(numel));
   const int64_t needed = numel + static_cast<int64_t>(num_experts) * (block_size - 1);
   if (needed > INT32_MAX)
     return ops::bad_shape("%s: num_tokens * top_k + num_experts * (block_size - 1) = %lld does not fit int32",
-                          kEntry, static_cast<long long>(needed));
+                          entry, static_cast<long long>(needed));
   if (sorted_capacity < needed)
     return ops::bad_shape("%s: sorted_capacity=%d must be >= num_tokens * top_k + num_experts * "
                           "(block_size - 1) = %lld",
-                          kEntry, sorted_capacity, static_cast<long long>(needed));
+                          entry, sorted_capacity, static_cast<long long>(needed));
   const int64_t blocks_needed = (needed + block_size - 1) / block_size;
   if (expert_ids_capacity < blocks_needed)
-    return ops::bad_shape("%s: expert_ids_capacity=%d must be >= ceil(%lld / block_size=%d) = %lld", kEntry,
+    return ops::bad_shape("%s: expert_ids_capacity=%d must be >= ceil(%lld / block_size=%d) = %lld", entry,
                           expert_ids_capacity, static_cast<long long>(needed), block_size,
                           static_cast<long long>(blocks_needed));
   return 0;
@@ -198,15 +210,23 @@ int check(const int* topk_ids, int num_tokens, int top_k, int num_experts, int b
 
 }  // namespace ferrum::moe
 
-extern "C" int ferrum_moe_align_block_size(const int* topk_ids, int num_tokens, int top_k, int num_experts,
-                                           int block_size, const int* expert_map, int* sorted_token_ids,
-                                           int sorted_capacity, int* expert_ids, int expert_ids_capacity,
-                                           int* num_tokens_post_padded, int dev, ferrum_stream_t stream) {
-  using namespace ferrum::moe;
+namespace ferrum::moe {
+namespace {
+
+int align(const char* entry, const int* topk_ids, int num_tokens, int top_k, int num_experts, int block_size,
+          const int* expert_map, int* sorted_token_ids, int sorted_capacity, int* expert_ids,
+          int expert_ids_capacity, int* num_tokens_post_padded, int dev, ferrum_stream_t stream, void* clear,
+          size_t clear_bytes) {
   ferrum::clear_error();
-  if (int st = check(topk_ids, num_tokens, top_k, num_experts, block_size, expert_map, sorted_token_ids,
+  if (int st = check(entry, topk_ids, num_tokens, top_k, num_experts, block_size, expert_map, sorted_token_ids,
                      sorted_capacity, expert_ids, expert_ids_capacity, num_tokens_post_padded))
     return st;
+  if ((clear == nullptr) != (clear_bytes == 0))
+    return ops::invalid("%s: clear_bytes must be positive exactly when clear is non-null", entry);
+  if (clear != nullptr) {
+    if (int st = check_pointer(entry, "clear", clear, 16)) return st;
+    if (clear_bytes % 16 != 0) return ops::invalid("%s: clear_bytes %zu must be a multiple of 16", entry, clear_bytes);
+  }
   Routing r{};
   r.topk_ids = topk_ids;
   r.numel = num_tokens * top_k;
@@ -225,11 +245,38 @@ extern "C" int ferrum_moe_align_block_size(const int* topk_ids, int num_tokens, 
   r.expert_ids = expert_ids;
   r.expert_ids_capacity = expert_ids_capacity;
   r.num_tokens_post_padded = num_tokens_post_padded;
+  r.clear = static_cast<int4*>(clear);
+  r.clear_int4 = static_cast<long long>(clear_bytes / 16);
+  long long clear_blocks = (static_cast<long long>(clear_bytes) + kClearBytesPerBlock - 1) / kClearBytesPerBlock;
+  if (clear_blocks > kMaxClearBlocks) clear_blocks = kMaxClearBlocks;
   const size_t shared_bytes = static_cast<size_t>(r.segments + 1) * num_experts * sizeof(int);
 
   ferrum::DeviceGuard guard;
-  if (int st = guard.enter(kEntry, dev)) return st;
-  const cudaError_t err = ferrum::launch_chained(align_kernel, dim3(1), dim3(kThreads), shared_bytes,
-                                                 reinterpret_cast<cudaStream_t>(stream), r);
+  if (int st = guard.enter(entry, dev)) return st;
+  const cudaError_t err = ferrum::launch_chained(align_kernel, dim3(1 + static_cast<unsigned>(clear_blocks)),
+                                                 dim3(kThreads), shared_bytes, reinterpret_cast<cudaStream_t>(stream),
+                                                 r);
   return ferrum::ops::launched(err, "ferrum_moe_align_block_size: launch");
+}
+
+}  // namespace
+}  // namespace ferrum::moe
+
+extern "C" int ferrum_moe_align_block_size(const int* topk_ids, int num_tokens, int top_k, int num_experts,
+                                           int block_size, const int* expert_map, int* sorted_token_ids,
+                                           int sorted_capacity, int* expert_ids, int expert_ids_capacity,
+                                           int* num_tokens_post_padded, int dev, ferrum_stream_t stream) {
+  return ferrum::moe::align("ferrum_moe_align_block_size", topk_ids, num_tokens, top_k, num_experts, block_size,
+                            expert_map, sorted_token_ids, sorted_capacity, expert_ids, expert_ids_capacity,
+                            num_tokens_post_padded, dev, stream, nullptr, 0);
+}
+
+extern "C" int ferrum_moe_align_block_size_ex(const int* topk_ids, int num_tokens, int top_k, int num_experts,
+                                              int block_size, const int* expert_map, int* sorted_token_ids,
+                                              int sorted_capacity, int* expert_ids, int expert_ids_capacity,
+                                              int* num_tokens_post_padded, int dev, ferrum_stream_t stream,
+                                              void* clear, size_t clear_bytes) {
+  return ferrum::moe::align("ferrum_moe_align_block_size_ex", topk_ids, num_tokens, top_k, num_experts, block_size,
+                            expert_map, sorted_token_ids, sorted_capacity, expert_ids, expert_ids_capacity,
+                            num_tokens_post_padded, dev, stream, clear, clear_bytes);
 }
