@@ -23,8 +23,12 @@ the whole layer, in the same run and the same way:
                 work (each expert's rows, pre-gathered, x its dense weight):
                 CuPy fp16 matmul; PyTorch bf16 matmul when torch is installed
                 (else not measured). Dense down GEMMs use the logical K.
+With --adds the GEMM rows run the layer variants (the ``_ex`` entries) as
+fused_moe does in atomic mode: partials added into an output zeroed before
+each call (outside the interval; in the layer the previous kernel zeroes it),
+the down GEMM summing each token's top_k rows.
 Layer rows (``layer(fused_moe)``): the whole fused_moe call (routing align,
-both GEMMs, the activation, the top-k sum) against the read of both
+both GEMMs, the activation; the top-k sum in fp32 mode) against the read of both
 projections' touched bytes and against the two cuBLAS loops' times summed (no
 activation, no gather or sum in that sum: a lower bound for cuBLAS).
 Timing: CUDA events around each call, the L2 flushed by a 512 MB fill before
@@ -323,13 +327,18 @@ class Timer:
         self.cp.cuda.Device().synchronize()
         return worst
 
-    def measure(self, fn: Callable[[], Any], repeat: int, warmup: int = 3) -> Timing:
+    def measure(self, fn: Callable[[], Any], repeat: int, warmup: int = 3,
+                prepare: Callable[[], Any] | None = None) -> Timing:
+        """``prepare``: run before each timed call, outside the interval (and
+        before the L2 flush), e.g. zeroing an output the call adds into."""
         for _ in range(warmup):
             fn()
         host = self.host_us(fn)
         spin = np.uint64(spin_ns_for(host))
         times = []
         for i in range(repeat):
+            if prepare is not None:
+                prepare()
             self.flush.fill(i)
             self.spin((1,), (1,), (spin,))
             self.start.record()
@@ -443,8 +452,9 @@ def device_routing(bench: Bench, layer: LayerSpec, m: int, seed: int, block: int
 
 
 def marlin_call(bench: Bench, weight: Any, a: Any, c: Any, routing: Routing, prob_m: int, top_k: int,
-                mul: bool, fp32_reduce: bool) -> Callable[[], None]:
-    """The fused launch of one projection as a closure (scratch allocated here)."""
+                mul: bool, fp32_reduce: bool, add_rows_div: int = 0) -> Callable[[], None]:
+    """The fused launch of one projection as a closure (scratch allocated here);
+    ``add_rows_div``: the layer variant, adding into a zeroed ``c``."""
     cp, ff = bench.cp, bench.ff
     from ferrum_ffi.moe_validation import MoeF16WeightType, moe_c_tmp_floats, moe_workspace_ints
 
@@ -457,6 +467,7 @@ def marlin_call(bench: Bench, weight: Any, a: Any, c: Any, routing: Routing, pro
         expert_ids=routing.expert_ids, num_tokens_past_padded=routing.count, prob_m=prob_m, prob_n=weight.n,
         prob_k=weight.k, top_k=top_k, moe_block_size=routing.block, group_size=weight.group_size, c_tmp=c_tmp,
         topk_weights=routing.weights_device, mul_topk_weights=mul, use_fp32_reduce=fp32_reduce,
+        add_rows_div=add_rows_div,
     )
     if weight.kind == "mxfp4":
         return lambda: ff.launch_marlin_moe_mxfp4_bf16(**common, bias=weight.bias, expert_count=weight.num_experts)
@@ -584,6 +595,7 @@ class RunOptions:
     block: int | None = None
     cublas: bool = True
     layer: bool = True
+    adds: bool = False  # the GEMMs as fused_moe runs them in atomic mode
 
 
 @dataclass
@@ -611,7 +623,7 @@ def _ratios(row: dict) -> dict:
 
 def bench_layer(bench: Bench, layer: LayerSpec, options: RunOptions, report: Report) -> None:
     cp, ff = bench.cp, bench.ff
-    reduce = "fp32" if options.fp32_reduce else "atomic"
+    reduce = "fp32" if options.fp32_reduce else "adds" if options.adds else "atomic"
     print(f"[{layer.key}] {layer.title}: preparing {layer.experts} experts x {len(layer.gemms)} projections "
           f"({layer.kind}) ...", flush=True)
     weights = [random_marlin_weight(bench, layer, gemm, options.seed) for gemm in layer.gemms]
@@ -660,14 +672,20 @@ def bench_layer(bench: Bench, layer: LayerSpec, options: RunOptions, report: Rep
             layer_bytes += nbytes
             row = _row(layer, gemm.name, m, routing, nbytes, n=gemm.n, k=gemm.k, reduce=reduce)
             try:
-                shape = (prob_m * top_k, gemm.n)
+                # --adds: gate_up adds its partials into a zeroed output, down
+                # adds each token's top_k rows into the token's row.
+                div = (1 if index == 0 else layer.top_k) if options.adds else 0
+                shape = (prob_m * top_k // max(div, 1), gemm.n)
                 c = bf16_empty(cp, ff, shape) if layer.activation == "bf16" else cp.empty(shape, dtype=cp.float16)
-                call = marlin_call(bench, weight, a, c, routing, prob_m, top_k, mul, options.fp32_reduce)
+                zero = (lambda c=c: c.fill(0)) if div else None
+                if zero is not None:
+                    zero()
+                call = marlin_call(bench, weight, a, c, routing, prob_m, top_k, mul, options.fp32_reduce, div)
                 call()
                 cp.cuda.Device().synchronize()
                 if not all_finite(cp, ff, c):
                     raise RuntimeError("the Marlin output holds NaN/Inf")
-                timing = bench.timer.measure(call, bench.repeat)
+                timing = bench.timer.measure(call, bench.repeat, prepare=zero)
                 row.update(marlin_us=timing.us, host_us=timing.host_us, spin_us=timing.spin_us,
                            read_us=bench.read_us(nbytes))
             except Exception as exc:  # noqa: BLE001 - keep measuring the rest
@@ -730,6 +748,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "mxfp4_physical_k(2880, 2880); 2944 is the original engine's padded layout)")
     parser.add_argument("--no-cublas", action="store_true", help="skip the cuBLAS loops")
     parser.add_argument("--no-layer", action="store_true", help="skip the fused_moe layer rows")
+    parser.add_argument("--adds", action="store_true",
+                        help="time the GEMMs as fused_moe runs them in atomic mode (the _ex entries adding into "
+                             "an output zeroed before each call, outside the timing; down sums each token's rows)")
     return parser
 
 
@@ -740,6 +761,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         layers = parse_layers(args.layers)
     except ValueError as exc:
         print(f"bench_moe: {exc}", file=sys.stderr)
+        return 2
+    if args.adds and args.fp32_reduce:
+        print("bench_moe: --adds is atomic mode; it excludes --fp32-reduce", file=sys.stderr)
         return 2
     bad_m = [m for m in args.m if m < 1]
     if bad_m or args.repeat < 1:
@@ -785,7 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
     device = device.decode() if isinstance(device, bytes) else str(device)
     print(f"bench_moe: {device}; layers {', '.join(layers)}; m {args.m}; repeat {args.repeat}; "
-          f"reduce {'fp32' if args.fp32_reduce else 'atomic'}; torch {'yes' if torch else 'no'}"
+          f"reduce {'fp32' if args.fp32_reduce else 'adds' if args.adds else 'atomic'}; torch {'yes' if torch else 'no'}"
           + (f"; forced tile {forced}" if forced else ""), flush=True)
     specs = {key: with_physical_k(LAYERS[key], ff.formats.mxfp4_physical_k, args.gptoss_down_k) for key in layers}
     for spec in specs.values():
@@ -793,7 +817,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                   if g.k != g.logical_k else "") for g in spec.gemms), flush=True)
     bench = Bench(cp, ff, args.repeat, torch)
     report = Report()
-    options = RunOptions(tuple(args.m), args.seed, args.fp32_reduce, args.block, not args.no_cublas, not args.no_layer)
+    options = RunOptions(tuple(args.m), args.seed, args.fp32_reduce, args.block, not args.no_cublas, not args.no_layer,
+                         args.adds)
     for key in layers:
         try:
             bench_layer(bench, specs[key], options, report)
@@ -812,7 +837,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         payload = {
             "device": device, "sms": bench.sms, "repeat": args.repeat, "seed": args.seed,
-            "reduce": "fp32" if args.fp32_reduce else "atomic", "forced_tile": forced,
+            "reduce": "fp32" if args.fp32_reduce else "adds" if args.adds else "atomic", "forced_tile": forced,
             "layers": {key: asdict(spec) for key, spec in specs.items()},
             "results": report.rows, "notes": report.notes, "errors": report.errors,
         }
