@@ -677,7 +677,8 @@ def bench_layer(bench: Bench, layer: LayerSpec, options: RunOptions, report: Rep
                 div = (1 if index == 0 else layer.top_k) if options.adds else 0
                 shape = (prob_m * top_k // max(div, 1), gemm.n)
                 c = bf16_empty(cp, ff, shape) if layer.activation == "bf16" else cp.empty(shape, dtype=cp.float16)
-                zero = (lambda c=c: c.fill(0)) if div else None
+                raw = c.base if isinstance(c, ff.Bfloat16Array) else c  # the uint16 bits of a bf16 array
+                zero = (lambda raw=raw: raw.fill(0)) if div else None
                 if zero is not None:
                     zero()
                 call = marlin_call(bench, weight, a, c, routing, prob_m, top_k, mul, options.fp32_reduce, div)
