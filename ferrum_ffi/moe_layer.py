@@ -591,10 +591,11 @@ def fused_moe(
     The intermediates are rounded to the activation dtype between the
     kernels; ``out`` ``[M, H]`` (allocated in ``hidden``'s library when
     omitted) gets the sum of the weighted rows: added into it by the down
-    GEMM with 16-bit atomics (``out`` is zeroed by the gate/up GEMM, so it
-    must not share memory with ``hidden`` or the routing -- when it does,
-    the rows are summed by a separate kernel), or with ``fp32_reduce`` summed
-    in fp32 in a fixed order. Never synchronises.
+    GEMM with 16-bit atomics in no fixed order (``out`` is zeroed by the
+    gate/up GEMM: when it shares memory with ``hidden`` or the routing arrays
+    the rows are summed by a separate kernel instead; it must never share
+    memory with the weights), or with ``fp32_reduce`` summed in fp32 in a
+    fixed order (bitwise reproducible). Never synchronises.
 
     Repeated calls of one signature cost little host time (module doc) when
     the options have the built-in types (``activation`` a str,

@@ -165,7 +165,7 @@ def align_call(topk_ids: Any, num_experts: int, block_size: int, expert_map: Any
     checked call (``topk_ids`` first, ``expert_map`` sixth among its arguments).
     ``clear``: a buffer the launch also zeroes (``ferrum_moe_align_block_size_ex``,
     its last two arguments): 16-byte aligned, a multiple of 16 bytes, writable,
-    on the same device, disjoint from the routing arrays."""
+    disjoint from the routing arrays (the caller keeps it on their device)."""
     entry = "moe_align_block_size"
     ids_view = as_device_array(topk_ids, "topk_ids")
     check_array(entry, "topk_ids", ids_view, _INT32, ndim=2, alignment=4)

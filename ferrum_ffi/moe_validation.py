@@ -192,16 +192,22 @@ def _output_rows(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> int:
     return rows // args.add_rows_div if args.add_rows_div > 0 else rows
 
 
-def _add_layer_spans(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch", spans: dict[str, int]) -> None:
-    """``clear``'s span, which must not meet any other buffer's (the launch
-    would zero what it reads or writes)."""
+def _add_clear_span(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch", spans: dict[str, int],
+                    pointers: tuple[tuple[str, int], ...]) -> None:
+    """``clear``'s span, which must not meet any buffer of the launch (its
+    blocks would zero what the others read or write): every pointer argument,
+    over its span where the launch sizes it, else its first byte."""
     if args.clear is None:
         return
     start, end = int(args.clear), int(args.clear) + args.clear_bytes
-    for name, nbytes in spans.items():
-        other = int(getattr(args, name))
-        if nbytes > 0 and other < end and start < other + nbytes:
-            moe_fail(f"clear [{start:#x}, +{args.clear_bytes}) overlaps {name} [{other:#x}, +{nbytes})")
+    _check_range("clear", start, args.clear_bytes)
+    for name, _ in pointers:
+        other = getattr(args, name)
+        if other is None:
+            continue
+        nbytes = max(spans.get(name, 1), 1)
+        if other < end and start < other + nbytes:
+            moe_fail(f"clear [{start:#x}, +{args.clear_bytes}) overlaps {name} [{int(other):#x}, +{nbytes})")
     spans["clear"] = args.clear_bytes
 
 
@@ -367,6 +373,7 @@ class MarlinMoeF16Launch:
                      f"for), got {group_size}")
         if sms is not None:
             spans.update(_scratch_spans(self, spans, sms))
+        _add_clear_span(self, spans, _F16_POINTERS + _F16_OPTIONAL_POINTERS)
         return spans
 
     def _spans(self) -> dict[str, int]:
@@ -393,7 +400,6 @@ class MarlinMoeF16Launch:
             spans["c_tmp"] = moe_bytes("FP32 reduction scratch [M*top_k,N]", rows, n, 4)
         if self.topk_weights is not None:
             spans["topk_weights"] = moe_bytes("top-k weights [M,top_k]", rows, 4)
-        _add_layer_spans(self, spans)
         _check_ranges(self, spans)
         return spans
 
@@ -485,6 +491,7 @@ class MarlinMoeMxfp4Bf16Launch:
             moe_fail(f"MXFP4 prob_k {k} must be divisible by the Marlin minimum thread width 64")
         if sms is not None:
             spans.update(_scratch_spans(self, spans, sms))
+        _add_clear_span(self, spans, _MXFP4_POINTERS + _MXFP4_OPTIONAL_POINTERS)
         return spans
 
     def _spans(self) -> dict[str, int]:
@@ -502,7 +509,6 @@ class MarlinMoeMxfp4Bf16Launch:
             spans["c_tmp"] = moe_bytes("MXFP4 FP32 reduction scratch [M*top_k,N]", rows, n, 4)
         if self.topk_weights is not None:
             spans["topk_weights"] = moe_bytes("MXFP4 top-k weights [M,top_k]", rows, 4)
-        _add_layer_spans(self, spans)
         _check_ranges(self, spans)
         return spans
 

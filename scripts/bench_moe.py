@@ -331,9 +331,14 @@ class Timer:
                 prepare: Callable[[], Any] | None = None) -> Timing:
         """``prepare``: run before each timed call, outside the interval (and
         before the L2 flush), e.g. zeroing an output the call adds into."""
-        for _ in range(warmup):
+        def call() -> None:
+            if prepare is not None:
+                prepare()
             fn()
-        host = self.host_us(fn)
+
+        for _ in range(warmup):
+            call()
+        host = self.host_us(call)
         spin = np.uint64(spin_ns_for(host))
         times = []
         for i in range(repeat):

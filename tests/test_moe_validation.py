@@ -619,3 +619,27 @@ def test_clear_must_not_meet_a_buffer_of_the_launch():
     c_bytes = F16.prob_m * F16.top_k * F16.prob_n * 2
     rejects(replace(F16, a=0x100000, c=0x900000, clear=0x900000 + c_bytes - 16, clear_bytes=64),
             f"clear [{0x900000 + c_bytes - 16:#x}, +64) overlaps c [0x900000, +{c_bytes})")
+
+
+@pytest.mark.parametrize("name", ["workspace", "sorted_token_ids", "expert_ids", "num_tokens_past_padded", "b",
+                                  "scales"])
+def test_clear_must_not_meet_the_routing_scratch_or_unsized_buffers(name):
+    # Far-apart buffers; clear starts at one whose size the launch may not know (b, scales without
+    # expert_count) or sizes only with the device (workspace): its first byte is enough to refuse.
+    far = {n: (i + 1) << 30 for i, n in enumerate(["a", "b", "c", "scales", "workspace", "sorted_token_ids",
+                                                    "expert_ids", "num_tokens_past_padded"])}
+    launch = replace(F16, **far, clear=far[name], clear_bytes=64)
+    with pytest.raises(ArgumentError, match=f"clear \\[{far[name]:#x}, \\+64\\) overlaps {name} "):
+        launch.validate(sms=132)
+    replace(F16, **far, clear=far[name] - 64, clear_bytes=64).validate(sms=132)  # just before it: a neighbour
+
+
+def test_clear_must_not_meet_the_kernels_c_tmp():
+    far = {n: (i + 1) << 30 for i, n in enumerate(["a", "b", "c", "scales", "workspace", "sorted_token_ids",
+                                                    "expert_ids", "num_tokens_past_padded"])}
+    launch = replace(F16, **far, **{**FP32_REDUCE, "c_tmp": 9 << 30})
+    rows_span = F16.prob_m * F16.top_k * F16.prob_n * 4
+    kernel_span = launch.validate(sms=132)["c_tmp"]
+    assert kernel_span > rows_span  # the kernel's minimum is the larger
+    with pytest.raises(ArgumentError, match="overlaps c_tmp"):
+        replace(launch, clear=(9 << 30) + rows_span, clear_bytes=16).validate(sms=132)

@@ -226,6 +226,8 @@ int align(const char* entry, const int* topk_ids, int num_tokens, int top_k, int
   if (clear != nullptr) {
     if (int st = check_pointer(entry, "clear", clear, 16)) return st;
     if (clear_bytes % 16 != 0) return ops::invalid("%s: clear_bytes %zu must be a multiple of 16", entry, clear_bytes);
+    if (clear_bytes > (size_t{1} << 56))
+      return ops::invalid("%s: clear_bytes %zu is beyond any device's memory", entry, clear_bytes);
   }
   Routing r{};
   r.topk_ids = topk_ids;
@@ -256,7 +258,7 @@ int align(const char* entry, const int* topk_ids, int num_tokens, int top_k, int
   const cudaError_t err = ferrum::launch_chained(align_kernel, dim3(1 + static_cast<unsigned>(clear_blocks)),
                                                  dim3(kThreads), shared_bytes, reinterpret_cast<cudaStream_t>(stream),
                                                  r);
-  return ferrum::ops::launched(err, "ferrum_moe_align_block_size: launch");
+  return ferrum::ops::launched(err, entry);
 }
 
 }  // namespace

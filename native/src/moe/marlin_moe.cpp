@@ -87,6 +87,8 @@ int check_layer_extras(const MoeCall& m) {
     if (int st = check_pointer(e, "clear", m.clear, 16)) return st;
     if (m.clear_bytes % 16 != 0)
       return invalid("%s: clear_bytes %zu must be a multiple of 16", e, m.clear_bytes);
+    if (m.clear_bytes > (size_t{1} << 56))
+      return invalid("%s: clear_bytes %zu is beyond any device's memory", e, m.clear_bytes);
   }
   return 0;
 }
@@ -245,106 +247,90 @@ int run(const MoeCall& m) {
 using ferrum::AType;
 using ferrum::WType;
 
+namespace {
+
+// The INT4 / FP8 x FP16 entries and their layer variants (extras zero for the former).
+int f16_entry(const char* entry, bool fp8, const void* a, const void* b, void* c, void* c_tmp, const void* b_scales,
+              const void* b_zeros, void* workspace, const int* sorted_token_ids, const int* expert_ids,
+              const int* num_tokens_past_padded, const float* topk_weights, int moe_block_size, int top_k,
+              int mul_topk_weights, int is_ep, int prob_m, int prob_n, int prob_k, int group_size, int has_zp,
+              int dev, ferrum_stream_t stream, int use_atomic_add, int use_fp32_reduce, int add_rows_div,
+              void* clear, size_t clear_bytes) {
+  const WType w = fp8 ? WType::FE4M3FN : has_zp ? WType::U4 : WType::U4B8;
+  return ferrum::moe::run({entry, AType::F16, w, a, b, c, c_tmp, b_scales, b_zeros, nullptr, workspace,
+                           sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
+                           mul_topk_weights, is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
+                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
+                           clear, clear_bytes});
+}
+
+int mxfp4_entry(const char* entry, const void* a, const void* b, void* c, void* c_tmp, const void* b_bias,
+                const void* b_scales, void* workspace, const int* sorted_token_ids, const int* expert_ids,
+                const int* num_tokens_past_padded, const float* topk_weights, int moe_block_size, int top_k,
+                int mul_topk_weights, int is_ep, int prob_m, int prob_n, int prob_k, int group_size, int dev,
+                ferrum_stream_t stream, int use_atomic_add, int use_fp32_reduce, int add_rows_div, void* clear,
+                size_t clear_bytes) {
+  return ferrum::moe::run({entry, AType::BF16, WType::FE2M1, a, b, c, c_tmp, b_scales, nullptr, b_bias, workspace,
+                           sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
+                           mul_topk_weights, is_ep, prob_m, prob_n, prob_k, group_size, 0, dev,
+                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
+                           clear, clear_bytes});
+}
+
+}  // namespace
+
+#define FERRUM_F16_MOE_PARAMS                                                                                    \
+  const void *a, const void *b, void *c, void *c_tmp, const void *b_scales, const void *b_zeros, void *workspace, \
+      const int *sorted_token_ids, const int *expert_ids, const int *num_tokens_past_padded,                    \
+      const float *topk_weights, int moe_block_size, int top_k, int mul_topk_weights, int is_ep, int prob_m,     \
+      int prob_n, int prob_k, int group_size, int has_zp, int dev, ferrum_stream_t stream, int use_atomic_add,  \
+      int use_fp32_reduce
+#define FERRUM_F16_MOE_ARGS                                                                                   \
+  a, b, c, c_tmp, b_scales, b_zeros, workspace, sorted_token_ids, expert_ids, num_tokens_past_padded,          \
+      topk_weights, moe_block_size, top_k, mul_topk_weights, is_ep, prob_m, prob_n, prob_k, group_size, has_zp, \
+      dev, stream, use_atomic_add, use_fp32_reduce
+#define FERRUM_MXFP4_MOE_PARAMS                                                                               \
+  const void *a, const void *b, void *c, void *c_tmp, const void *b_bias, const void *b_scales, void *workspace, \
+      const int *sorted_token_ids, const int *expert_ids, const int *num_tokens_past_padded,                    \
+      const float *topk_weights, int moe_block_size, int top_k, int mul_topk_weights, int is_ep, int prob_m,     \
+      int prob_n, int prob_k, int group_size, int dev, ferrum_stream_t stream, int use_atomic_add,              \
+      int use_fp32_reduce
+#define FERRUM_MXFP4_MOE_ARGS                                                                                 \
+  a, b, c, c_tmp, b_bias, b_scales, workspace, sorted_token_ids, expert_ids, num_tokens_past_padded,           \
+      topk_weights, moe_block_size, top_k, mul_topk_weights, is_ep, prob_m, prob_n, prob_k, group_size, dev,    \
+      stream, use_atomic_add, use_fp32_reduce
+// The header declares each of these in full; a definition that disagreed with
+// its declaration would not compile (two C functions of one name).
+
 extern "C" {
 
-FERRUM_API int ferrum_vllm_marlin_moe_f16(const void* a, const void* b, void* c, void* c_tmp,
-                                          const void* b_scales, const void* b_zeros, void* workspace,
-                                          const int* sorted_token_ids, const int* expert_ids,
-                                          const int* num_tokens_past_padded, const float* topk_weights,
-                                          int moe_block_size, int top_k, int mul_topk_weights, int is_ep,
-                                          int prob_m, int prob_n, int prob_k, int group_size, int has_zp,
-                                          int dev, ferrum_stream_t stream, int use_atomic_add,
-                                          int use_fp32_reduce) {
-  return ferrum::moe::run({"ferrum_vllm_marlin_moe_f16", AType::F16, has_zp ? WType::U4 : WType::U4B8, a, b,
-                           c, c_tmp, b_scales, b_zeros, nullptr, workspace, sorted_token_ids, expert_ids,
-                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
-                           is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
-                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce});
+FERRUM_API int ferrum_vllm_marlin_moe_f16(FERRUM_F16_MOE_PARAMS) {
+  return f16_entry("ferrum_vllm_marlin_moe_f16", false, FERRUM_F16_MOE_ARGS, 0, nullptr, 0);
 }
 
-FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16(const void* a, const void* b, void* c, void* c_tmp,
-                                              const void* b_scales, const void* b_zeros, void* workspace,
-                                              const int* sorted_token_ids, const int* expert_ids,
-                                              const int* num_tokens_past_padded,
-                                              const float* topk_weights, int moe_block_size, int top_k,
-                                              int mul_topk_weights, int is_ep, int prob_m, int prob_n,
-                                              int prob_k, int group_size, int has_zp, int dev,
-                                              ferrum_stream_t stream, int use_atomic_add,
-                                              int use_fp32_reduce) {
-  return ferrum::moe::run({"ferrum_vllm_marlin_moe_fp8_f16", AType::F16, WType::FE4M3FN, a, b, c, c_tmp,
-                           b_scales, b_zeros, nullptr, workspace, sorted_token_ids, expert_ids,
-                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
-                           is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
-                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce});
+FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16(FERRUM_F16_MOE_PARAMS) {
+  return f16_entry("ferrum_vllm_marlin_moe_fp8_f16", true, FERRUM_F16_MOE_ARGS, 0, nullptr, 0);
 }
 
-FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(const void* a, const void* b, void* c, void* c_tmp,
-                                                 const void* b_bias, const void* b_scales, void* workspace,
-                                                 const int* sorted_token_ids, const int* expert_ids,
-                                                 const int* num_tokens_past_padded,
-                                                 const float* topk_weights, int moe_block_size, int top_k,
-                                                 int mul_topk_weights, int is_ep, int prob_m, int prob_n,
-                                                 int prob_k, int group_size, int dev,
-                                                 ferrum_stream_t stream, int use_atomic_add,
-                                                 int use_fp32_reduce) {
-  return ferrum::moe::run({"ferrum_vllm_marlin_moe_mxfp4_bf16", AType::BF16, WType::FE2M1, a, b, c, c_tmp,
-                           b_scales, nullptr, b_bias, workspace, sorted_token_ids, expert_ids,
-                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
-                           is_ep, prob_m, prob_n, prob_k, group_size, 0, dev,
-                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce});
+FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(FERRUM_MXFP4_MOE_PARAMS) {
+  return mxfp4_entry("ferrum_vllm_marlin_moe_mxfp4_bf16", FERRUM_MXFP4_MOE_ARGS, 0, nullptr, 0);
 }
 
-FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
-                                             const void* b_scales, const void* b_zeros, void* workspace,
-                                             const int* sorted_token_ids, const int* expert_ids,
-                                             const int* num_tokens_past_padded, const float* topk_weights,
-                                             int moe_block_size, int top_k, int mul_topk_weights, int is_ep,
-                                             int prob_m, int prob_n, int prob_k, int group_size, int has_zp,
-                                             int dev, ferrum_stream_t stream, int use_atomic_add,
-                                             int use_fp32_reduce, int add_rows_div, void* clear,
+FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(FERRUM_F16_MOE_PARAMS, int add_rows_div, void* clear,
                                              size_t clear_bytes) {
-  return ferrum::moe::run({"ferrum_vllm_marlin_moe_f16_ex", AType::F16, has_zp ? WType::U4 : WType::U4B8, a, b,
-                           c, c_tmp, b_scales, b_zeros, nullptr, workspace, sorted_token_ids, expert_ids,
-                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
-                           is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
-                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
-                           clear, clear_bytes});
+  return f16_entry("ferrum_vllm_marlin_moe_f16_ex", false, FERRUM_F16_MOE_ARGS, add_rows_div, clear, clear_bytes);
 }
 
-FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
-                                                 const void* b_scales, const void* b_zeros, void* workspace,
-                                                 const int* sorted_token_ids, const int* expert_ids,
-                                                 const int* num_tokens_past_padded,
-                                                 const float* topk_weights, int moe_block_size, int top_k,
-                                                 int mul_topk_weights, int is_ep, int prob_m, int prob_n,
-                                                 int prob_k, int group_size, int has_zp, int dev,
-                                                 ferrum_stream_t stream, int use_atomic_add,
-                                                 int use_fp32_reduce, int add_rows_div, void* clear,
+FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(FERRUM_F16_MOE_PARAMS, int add_rows_div, void* clear,
                                                  size_t clear_bytes) {
-  return ferrum::moe::run({"ferrum_vllm_marlin_moe_fp8_f16_ex", AType::F16, WType::FE4M3FN, a, b, c, c_tmp,
-                           b_scales, b_zeros, nullptr, workspace, sorted_token_ids, expert_ids,
-                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
-                           is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
-                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
-                           clear, clear_bytes});
+  return f16_entry("ferrum_vllm_marlin_moe_fp8_f16_ex", true, FERRUM_F16_MOE_ARGS, add_rows_div, clear,
+                   clear_bytes);
 }
 
-FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(const void* a, const void* b, void* c, void* c_tmp,
-                                                    const void* b_bias, const void* b_scales, void* workspace,
-                                                    const int* sorted_token_ids, const int* expert_ids,
-                                                    const int* num_tokens_past_padded,
-                                                    const float* topk_weights, int moe_block_size, int top_k,
-                                                    int mul_topk_weights, int is_ep, int prob_m, int prob_n,
-                                                    int prob_k, int group_size, int dev,
-                                                    ferrum_stream_t stream, int use_atomic_add,
-                                                    int use_fp32_reduce, int add_rows_div, void* clear,
+FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(FERRUM_MXFP4_MOE_PARAMS, int add_rows_div, void* clear,
                                                     size_t clear_bytes) {
-  return ferrum::moe::run({"ferrum_vllm_marlin_moe_mxfp4_bf16_ex", AType::BF16, WType::FE2M1, a, b, c, c_tmp,
-                           b_scales, nullptr, b_bias, workspace, sorted_token_ids, expert_ids,
-                           num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
-                           is_ep, prob_m, prob_n, prob_k, group_size, 0, dev,
-                           reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
-                           clear, clear_bytes});
+  return mxfp4_entry("ferrum_vllm_marlin_moe_mxfp4_bf16_ex", FERRUM_MXFP4_MOE_ARGS, add_rows_div, clear,
+                     clear_bytes);
 }
 
 }  // extern "C"
