@@ -102,32 +102,8 @@ _VLLM_MOE_F16_ARGS: list[object] = [
     ctypes.c_int,  # use_fp32_reduce
 ]
 
-# The MXFP4 x BF16 entry point: b_bias instead of b_zeros, no has_zp.
-_VLLM_MOE_MXFP4_ARGS: list[object] = [
-    ctypes.c_void_p,  # a
-    ctypes.c_void_p,  # b
-    ctypes.c_void_p,  # c
-    ctypes.c_void_p,  # c_tmp
-    ctypes.c_void_p,  # b_bias
-    ctypes.c_void_p,  # b_scales
-    ctypes.c_void_p,  # workspace
-    ctypes.c_void_p,  # sorted_token_ids
-    ctypes.c_void_p,  # expert_ids
-    ctypes.c_void_p,  # num_tokens_past_padded
-    ctypes.c_void_p,  # topk_weights
-    ctypes.c_int,  # moe_block_size
-    ctypes.c_int,  # top_k
-    ctypes.c_int,  # mul_topk_weights
-    ctypes.c_int,  # is_ep
-    ctypes.c_int,  # prob_m
-    ctypes.c_int,  # prob_n
-    ctypes.c_int,  # prob_k
-    ctypes.c_int,  # group_size
-    ctypes.c_int,  # dev
-    _stream,  # stream
-    ctypes.c_int,  # use_atomic_add
-    ctypes.c_int,  # use_fp32_reduce
-]
+# The MXFP4 x BF16 entry point: b_bias in b_zeros' place (both pointers), no has_zp.
+_VLLM_MOE_MXFP4_ARGS: list[object] = _VLLM_MOE_F16_ARGS[:19] + _VLLM_MOE_F16_ARGS[20:]
 
 # What the _ex variants of the fused-MoE GEMMs add to those.
 _MOE_LAYER_ARGS: list[object] = [
