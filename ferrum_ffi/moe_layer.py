@@ -430,22 +430,19 @@ def _adds_out(call: _Call, fp32_reduce: bool, out: DeviceArray) -> bool:
     input, which the zeroing would destroy before it is read."""
     if fp32_reduce:
         return False
-    inputs = (call.hidden, call.topk_weights, call.topk_ids, call.expert_map)
-    return not any(v is not None and v.nbytes and out.ptr < v.ptr + v.nbytes and v.ptr < out.ptr + out.nbytes
-                   for v in inputs)
+    start = out.ptr
+    end = start + out.nbytes
+    for v in (call.hidden, call.topk_weights, call.topk_ids, call.expert_map):
+        if v is not None and v.ptr < end and start < v.ptr + v.nbytes:
+            return False
+    return True
 
 
-def _down_writes_out(call: _Call, fp32_reduce: bool, out: DeviceArray) -> bool:
-    """Whether the down GEMM writes ``out`` itself (with top_k = 1, or adding
-    rows) rather than moe_sum."""
-    return call.top_k == 1 or _adds_out(call, fp32_reduce, out)
-
-
-def _out_fits(out: Any, view: DeviceArray, call: _Call, n: int, dtype: np.dtype, fp32_reduce: bool) -> bool:
+def _out_fits(out: Any, view: DeviceArray, call: _Call, n: int, dtype: np.dtype, adds_out: bool) -> bool:
     """What the calls of a plan require of ``out`` (given or allocated): the
-    down GEMM writes it in 16-byte vectors, moe_sum in elements; whether the
-    plan adds into it depends on where it lies."""
-    alignment = 16 if _down_writes_out(call, fp32_reduce, view) else dtype.itemsize
+    down GEMM writes it in 16-byte vectors (with top_k = 1, or adding rows),
+    moe_sum in elements."""
+    alignment = 16 if call.top_k == 1 or adds_out else dtype.itemsize
     try:
         return (_fits(view, dtype, (call.m, n), alignment) and not view.readonly
                 and device_of(out, view) == call.device)
@@ -620,8 +617,8 @@ def fused_moe(
         views.append(call.expert_map)
     handle = prepare_stream(stream, views)
     plan = None if signature is None else signature.plans.get(handle)
-    if (plan is None or not _out_fits(out, out_view, call, w2.n, dtype, fp32_reduce)
-            or plan.adds_out != _adds_out(call, fp32_reduce, out_view)):
+    adds_out = _adds_out(call, fp32_reduce, out_view)
+    if plan is None or plan.adds_out != adds_out or not _out_fits(out, out_view, call, w2.n, dtype, adds_out):
         generation = plan_generation()  # read before the plan fetches any scratch buffer
         lib = library()
         plan = _plan(hidden, w13, w2, topk_weights, topk_ids, call, activation, expert_map, fp32_reduce, alpha,
