@@ -143,7 +143,7 @@ def _clear_bytes(entry: str, buffers: _Buffers, clear_bytes: int | None) -> int:
 def _layer_args(launch: MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch) -> tuple:
     """The ``_ex`` entry points' last arguments (none for the plain ones)."""
     if launch.entry_point.endswith("_ex"):
-        return (launch.add_rows_div, launch.clear, launch.clear_bytes)
+        return (launch.add_rows_div, launch.clear, launch.clear_bytes, int(launch.routing_settled))
     return ()
 
 
@@ -189,6 +189,7 @@ def launch_marlin_moe(
     add_rows_div: int = 0,
     clear: Any = None,
     clear_bytes: int | None = None,
+    routing_settled: bool = False,
 ) -> None:
     """The fused FP16 MoE GEMM (vLLM ``marlin_moe_wna16`` convention): INT4
     (``weight_type=U4B8``; with ``zero_points`` the asymmetric U4 form) or FP8
@@ -211,7 +212,10 @@ def launch_marlin_moe(
     into row t / r of a ``c`` that is zero on entry (``[M*top_k/r, N]``; r =
     the layer's top_k sums each token's rows), atomic mode only; ``clear`` (a
     buffer, 16-byte aligned, disjoint from the others; ``clear_bytes`` of it,
-    all of an array by default) is zeroed by this launch for the next one.
+    all of an array by default) is zeroed by this launch for the next one;
+    ``routing_settled``: the routing arrays and ``topk_weights`` were written
+    before the stream's previous kernel, only ``a`` by it -- the launch reads
+    them while that kernel finishes (no ``clear`` then).
     """
     marlin_moe_call(
         a=a, b=b, c=c, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids, expert_ids=expert_ids,
@@ -219,7 +223,7 @@ def launch_marlin_moe(
         moe_block_size=moe_block_size, group_size=group_size, weight_type=weight_type, zero_points=zero_points,
         c_tmp=c_tmp, topk_weights=topk_weights, mul_topk_weights=mul_topk_weights, is_ep=is_ep,
         use_fp32_reduce=use_fp32_reduce, expert_count=expert_count, device=device, stream=stream, spans=spans,
-        add_rows_div=add_rows_div, clear=clear, clear_bytes=clear_bytes,
+        add_rows_div=add_rows_div, clear=clear, clear_bytes=clear_bytes, routing_settled=routing_settled,
     ).run(library())
 
 
@@ -253,6 +257,7 @@ def marlin_moe_call(
     add_rows_div: int = 0,
     clear: Any = None,
     clear_bytes: int | None = None,
+    routing_settled: bool = False,
 ) -> NativeCall:
     """:func:`launch_marlin_moe` up to its native call, which it returns
     (arguments ``a``, ``c`` and ``topk_weights`` first, third and eleventh)."""
@@ -274,6 +279,7 @@ def marlin_moe_call(
         is_ep=is_ep, has_zero_points=zero_points is not None, device_ordinal=0 if device is None else device,
         use_atomic_add=not use_fp32_reduce, use_fp32_reduce=use_fp32_reduce, expert_count=expert_count,
         add_rows_div=add_rows_div, clear=p["clear"], clear_bytes=_clear_bytes(entry, buffers, clear_bytes),
+        routing_settled=routing_settled,
     )
     launch.validate()  # every rule that needs no device query
     launch = replace(launch, device_ordinal=buffers.device(entry, device))
@@ -324,6 +330,7 @@ def launch_marlin_moe_mxfp4_bf16(
     add_rows_div: int = 0,
     clear: Any = None,
     clear_bytes: int | None = None,
+    routing_settled: bool = False,
 ) -> None:
     """The fused BF16 x MXFP4 MoE GEMM (GPT-OSS experts), every rule checked
     before the native call. As :func:`launch_marlin_moe`, except: ``a``, ``c``
@@ -336,7 +343,7 @@ def launch_marlin_moe_mxfp4_bf16(
         prob_m=prob_m, prob_n=prob_n, prob_k=prob_k, top_k=top_k, moe_block_size=moe_block_size,
         group_size=group_size, c_tmp=c_tmp, topk_weights=topk_weights, mul_topk_weights=mul_topk_weights,
         is_ep=is_ep, use_fp32_reduce=use_fp32_reduce, device=device, stream=stream, spans=spans,
-        add_rows_div=add_rows_div, clear=clear, clear_bytes=clear_bytes,
+        add_rows_div=add_rows_div, clear=clear, clear_bytes=clear_bytes, routing_settled=routing_settled,
     ).run(library())
 
 
@@ -369,6 +376,7 @@ def marlin_moe_mxfp4_bf16_call(
     add_rows_div: int = 0,
     clear: Any = None,
     clear_bytes: int | None = None,
+    routing_settled: bool = False,
 ) -> NativeCall:
     """:func:`launch_marlin_moe_mxfp4_bf16` up to its native call, which it
     returns (arguments as :func:`marlin_moe_call`'s)."""
@@ -391,7 +399,7 @@ def marlin_moe_mxfp4_bf16_call(
         topk_weights=p["topk_weights"], mul_topk_weights=mul_topk_weights, is_ep=is_ep,
         device_ordinal=0 if device is None else device, use_atomic_add=not use_fp32_reduce,
         use_fp32_reduce=use_fp32_reduce, add_rows_div=add_rows_div, clear=p["clear"],
-        clear_bytes=_clear_bytes(entry, buffers, clear_bytes),
+        clear_bytes=_clear_bytes(entry, buffers, clear_bytes), routing_settled=routing_settled,
     )
     launch.validate()  # every rule that needs no device query
     launch = replace(launch, device_ordinal=buffers.device(entry, device))

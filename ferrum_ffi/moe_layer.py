@@ -299,7 +299,7 @@ def _output(out: Any, hidden: Any, call: _Call, n: int, dtype: np.dtype) -> tupl
 # Where the caller's values go among the native arguments (prototype order,
 # _native.PROTOTYPES; the ``*_call`` builders name these positions) ...
 _GEMM_A, _GEMM_C, _GEMM_TOPK_WEIGHTS = 0, 2, 10  # both fused-MoE GEMM signatures
-_GEMM_CLEAR = -2  # the _ex variants: add_rows_div, clear, clear_bytes come last
+_GEMM_CLEAR = -3  # the _ex variants: add_rows_div, clear, clear_bytes, routing_settled come last
 _ALIGN_TOPK_IDS, _ALIGN_EXPERT_MAP = 0, 5
 _SWIGLU_ALPHA, _SWIGLU_LIMIT = 5, 6
 _SUM_OUT = 1
@@ -479,6 +479,8 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
     workspace = shared.workspace.array
     c_tmp = shared.c_tmp.array if fp32_reduce else None
     is_ep = call.expert_map is not None
+    # The down GEMM's routing was written two kernels before it (by align): it
+    # reads it and prefetches its first weights while the activation runs.
     # Atomic mode: the align kernel zeroes the gate/up output and the gate/up
     # GEMM out, and each GEMM adds its partials (the down GEMM every routed
     # row, times its top-k weight, into its token's row of out): no locks, no
@@ -513,7 +515,8 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
         steps.append(_step(lib, zero, *(((_MEMSET_PTR, _OUT),) if top1 else ())))
     steps.append(_step(lib, _gemm(w2, a=activated, c=down, routing=routing, workspace=workspace, c_tmp=c_tmp,
                                   prob_m=rows, top_k=1, block_size=call.block_size, is_ep=is_ep, stream=handle,
-                                  topk_weights=topk_weights, add_rows_div=call.top_k if adds_out else 0),
+                                  topk_weights=topk_weights, add_rows_div=call.top_k if adds_out else 0,
+                                  routing_settled=True),
                        (_GEMM_TOPK_WEIGHTS, _TOPK_WEIGHTS), *writes_out))
     if not down_writes_out:
         steps.append(_step(lib, moe_sum_call(down, call.top_k, out, handle)[1], (_SUM_OUT, _OUT)))
@@ -522,10 +525,11 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
 
 def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, Any], workspace: Any,
           c_tmp: Any, prob_m: int, top_k: int, block_size: int, is_ep: bool, stream: int,
-          topk_weights: Any = None, add_rows_div: int = 0, clear: Any = None) -> NativeCall:
+          topk_weights: Any = None, add_rows_div: int = 0, clear: Any = None,
+          routing_settled: bool = False) -> NativeCall:
     """The checked call of one fused-MoE GEMM of ``weight``'s kind;
-    ``topk_weights`` given: rows scaled by them; ``add_rows_div`` and
-    ``clear`` as :func:`~ferrum_ffi.moe.launch_marlin_moe` has them."""
+    ``topk_weights`` given: rows scaled by them; ``add_rows_div``, ``clear``
+    and ``routing_settled`` as :func:`~ferrum_ffi.moe.launch_marlin_moe` has them."""
     sorted_ids, expert_ids, count = routing
     common = dict(
         a=a, b=weight.qweight, c=c, scales=weight.scales, workspace=workspace, sorted_token_ids=sorted_ids,
@@ -533,7 +537,7 @@ def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, A
         top_k=top_k, moe_block_size=block_size, group_size=weight.group_size, c_tmp=c_tmp,
         topk_weights=topk_weights, mul_topk_weights=topk_weights is not None, is_ep=is_ep,
         use_fp32_reduce=c_tmp is not None, expert_count=weight.num_experts, device=None, stream=stream, spans=None,
-        add_rows_div=add_rows_div, clear=clear,
+        add_rows_div=add_rows_div, clear=clear, routing_settled=routing_settled,
     )
     if weight.kind == "mxfp4":
         return marlin_moe_mxfp4_bf16_call(bias=weight.bias, **common)

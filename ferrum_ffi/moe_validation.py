@@ -164,6 +164,7 @@ def _check_modes(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> None:
 # ---- the layer variants (the ``_ex`` entry points) ---------------------------------------
 
 _LAYER_INTS = ("add_rows_div", "clear_bytes")
+_LAYER_FLAGS = ("routing_settled",)
 _LAYER_OPTIONAL_POINTERS = (("clear", 16),)
 
 
@@ -184,6 +185,8 @@ def _check_layer_extras(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -
         moe_fail("clear_bytes must be positive exactly when clear is given")
     if args.clear is not None and args.clear_bytes % 16 != 0:
         moe_fail(f"clear_bytes {args.clear_bytes} must be a multiple of 16")
+    if args.routing_settled and args.clear is not None:
+        moe_fail("routing_settled starts before the previous kernel is done and cannot clear")
 
 
 def _output_rows(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> int:
@@ -212,7 +215,7 @@ def _add_clear_span(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch", spans
 
 
 def _is_layer_call(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> bool:
-    return args.add_rows_div != 0 or args.clear is not None
+    return args.add_rows_div != 0 or args.clear is not None or bool(args.routing_settled)
 
 
 # ---- this library's own rules ----------------------------------------------------------
@@ -303,6 +306,7 @@ class MarlinMoeF16Launch:
     add_rows_div: int = 0
     clear: int | None = None
     clear_bytes: int = 0
+    routing_settled: bool = False
 
     @property
     def entry_point(self) -> str:
@@ -325,7 +329,7 @@ class MarlinMoeF16Launch:
         sized buffer must hold from its pointer on. ``sms`` (the device's
         multiprocessors) adds the workspace and the kernel's c_tmp minimum."""
         ints = _F16_INTS + _LAYER_INTS + (() if self.expert_count is None else ("expert_count",))
-        _check_types(self, ints, _F16_FLAGS, tuple(n for n, _ in _F16_POINTERS),
+        _check_types(self, ints, _F16_FLAGS + _LAYER_FLAGS, tuple(n for n, _ in _F16_POINTERS),
                      tuple(n for n, _ in _F16_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS))
         if not isinstance(self.weight_type, MoeF16WeightType):
             raise ArgumentTypeError(f"{MOE_PREFIX}: weight_type must be a MoeF16WeightType, "
@@ -446,6 +450,7 @@ class MarlinMoeMxfp4Bf16Launch:
     add_rows_div: int = 0
     clear: int | None = None
     clear_bytes: int = 0
+    routing_settled: bool = False
 
     @property
     def entry_point(self) -> str:
@@ -462,7 +467,8 @@ class MarlinMoeMxfp4Bf16Launch:
 
     def validate(self, sms: int | None = None) -> dict[str, int]:
         """As :meth:`MarlinMoeF16Launch.validate`."""
-        _check_types(self, _MXFP4_INTS + _LAYER_INTS, _MXFP4_FLAGS, tuple(n for n, _ in _MXFP4_POINTERS),
+        _check_types(self, _MXFP4_INTS + _LAYER_INTS, _MXFP4_FLAGS + _LAYER_FLAGS,
+                     tuple(n for n, _ in _MXFP4_POINTERS),
                      tuple(n for n, _ in _MXFP4_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS))
         _check_pointers(self, _MXFP4_POINTERS, _MXFP4_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS)
         m, n, k = self.prob_m, self.prob_n, self.prob_k

@@ -177,7 +177,7 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
 
     def ferrum_vllm_marlin_moe_f16_ex(self, a, b, c, c_tmp, scales, zp, workspace, sorted_ids, expert_ids, count,
                                       topk_weights, block, top_k, mul, is_ep, prob_m, prob_n, prob_k, group, has_zp,
-                                      dev, stream, atomic, fp32, add_rows_div, clear, clear_bytes):
+                                      dev, stream, atomic, fp32, add_rows_div, clear, clear_bytes, settled):
         self.calls.append("gemm_f16")
         return self._gemm(np.dtype(np.float16), a, b, c, workspace, sorted_ids, expert_ids, count, topk_weights,
                           block, top_k, mul, is_ep, prob_m, prob_n, prob_k, add_rows_div, clear, clear_bytes)
@@ -193,7 +193,8 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
 
     def ferrum_vllm_marlin_moe_mxfp4_bf16_ex(self, a, b, c, c_tmp, bias, scales, workspace, sorted_ids, expert_ids,
                                              count, topk_weights, block, top_k, mul, is_ep, prob_m, prob_n, prob_k,
-                                             group, dev, stream, atomic, fp32, add_rows_div, clear, clear_bytes):
+                                             group, dev, stream, atomic, fp32, add_rows_div, clear, clear_bytes,
+                                             settled):
         self.calls.append("gemm_mxfp4")
         return self._gemm(BF16, a, b, c, workspace, sorted_ids, expert_ids, count, topk_weights, block, top_k, mul,
                           is_ep, prob_m, prob_n, prob_k, add_rows_div, clear, clear_bytes)

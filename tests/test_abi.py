@@ -928,7 +928,7 @@ def test_profile_sink_that_cannot_open_raises_with_the_native_reason(lib, tmp_pa
 
 
 # The layer variants (_ex): the same checks plus add_rows_div / clear / clear_bytes.
-MOE_LAYER_GOOD = dict(add_rows_div=0, clear=None, clear_bytes=0)
+MOE_LAYER_GOOD = dict(add_rows_div=0, clear=None, clear_bytes=0, routing_settled=0)
 MOE_LAYER_BAD = {
     "negative_div": dict(add_rows_div=-1),
     "div_with_fp32_reduce": dict(add_rows_div=1, use_atomic_add=0, use_fp32_reduce=1, c_tmp=0xA000),
@@ -937,6 +937,7 @@ MOE_LAYER_BAD = {
     "bytes_without_clear": dict(clear_bytes=16),
     "bytes_not_16": dict(clear=0xB0000, clear_bytes=24),
     "misaligned_clear": dict(clear=0xB0008, clear_bytes=16),
+    "settled_with_clear": dict(routing_settled=1, clear=0xB0000, clear_bytes=16),
 }
 
 
@@ -949,7 +950,7 @@ def test_moe_layer_argument_tables_follow_the_header():
 
 def _with_layer(launch, args: dict):
     return replace(launch, add_rows_div=args["add_rows_div"], clear=args["clear"] or None,
-                   clear_bytes=args["clear_bytes"])
+                   clear_bytes=args["clear_bytes"], routing_settled=bool(args["routing_settled"]))
 
 
 @pytest.mark.parametrize("case", sorted(MOE_LAYER_BAD))
@@ -966,7 +967,8 @@ def test_python_and_library_refuse_the_same_layer_launches(lib, case, entry):
 @pytest.mark.parametrize("entry", ["ferrum_vllm_marlin_moe_f16_ex", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex"])
 def test_valid_layer_arguments_pass_python_and_reach_the_device_query(lib, no_gpu, entry):
     mxfp4 = "mxfp4" in entry
-    args = {**(MOE_MXFP4_GOOD if mxfp4 else MOE_F16_GOOD), "add_rows_div": 2, "clear": 0xB0000, "clear_bytes": 64}
+    args = {**(MOE_MXFP4_GOOD if mxfp4 else MOE_F16_GOOD), "add_rows_div": 2, "clear": 0xB0000, "clear_bytes": 64,
+            "routing_settled": 0}
     launch = _mxfp4_launch(args) if mxfp4 else _f16_launch(MoeF16WeightType.U4B8, args)
     _with_layer(launch, args).validate()
     status = StagedNativeStatus.decode(getattr(lib, entry)(*args.values()))
@@ -986,3 +988,9 @@ def test_align_argument_tables_follow_the_header():
 @pytest.mark.parametrize("clear, clear_bytes", [(0x5000, 0), (None, 16), (0x5008, 16), (0x5000, 24)])
 def test_the_library_refuses_a_bad_align_clear(lib, clear, clear_bytes):
     _expect_refused(lib, "ferrum_moe_align_block_size_ex", {**ALIGN_GOOD, "clear": clear, "clear_bytes": clear_bytes})
+
+
+@pytest.mark.parametrize("entry", ["ferrum_vllm_marlin_moe_f16_ex", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex"])
+def test_the_library_refuses_a_routing_settled_flag_other_than_0_or_1(lib, entry):
+    base = MOE_MXFP4_GOOD if "mxfp4" in entry else MOE_F16_GOOD
+    _expect_refused(lib, entry, {**base, **MOE_LAYER_GOOD, "routing_settled": 2})

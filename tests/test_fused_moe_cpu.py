@@ -274,9 +274,9 @@ def inputs(m: int = 4, top_k: int = 2, kind: str = "u4b8") -> dict:
 # mul is_ep prob_m prob_n prob_k group has_zp dev stream atomic fp32
 A, B, C, C_TMP, SCALES, ZP, WS, SORTED, EXPERTS, COUNT, TOPK_W, BLOCK, TOP_K, MUL, IS_EP = range(15)
 PROB_M, PROB_N, PROB_K, GROUP, HAS_ZP, DEV, STREAM, ATOMIC, FP32 = range(15, 24)
-ADD_ROWS, CLEAR, CLEAR_BYTES = range(24, 27)  # the _ex variant's last arguments
+ADD_ROWS, CLEAR, CLEAR_BYTES, SETTLED = range(24, 28)  # the _ex variant's last arguments
 GEMM = "ferrum_vllm_marlin_moe_f16_ex"  # atomic mode (the default): the layer variant
-GEMM_FP32 = "ferrum_vllm_marlin_moe_f16"  # fp32 reduce: the plain entry, then moe_sum
+GEMM_FP32 = "ferrum_vllm_marlin_moe_f16"  # fp32 reduce: the plain entry for gate/up, then moe_sum
 ALIGN = "ferrum_moe_align_block_size_ex"  # atomic mode: the align launch also zeroes the gate/up output
 
 
@@ -313,18 +313,20 @@ def test_one_layer_is_align_gemm_silu_gemm_on_one_stream(lib):
     # The align launch zeroes the gate/up output, the gate/up GEMM out; each
     # GEMM adds its partials (the down GEMM row t into out[t // top_k]).
     assert align[13:] == (gate_up[C], 8 * 2 * I * 2)
-    assert gate_up[ADD_ROWS:] == (1, ptr(out), 4 * H * 2)
-    assert down[C] == ptr(out) and down[ADD_ROWS:] == (2, None, 0)
+    assert gate_up[ADD_ROWS:] == (1, ptr(out), 4 * H * 2, 0)
+    # The down GEMM's routing was written by align, before the activation: settled.
+    assert down[C] == ptr(out) and down[ADD_ROWS:] == (2, None, 0, 1)
     assert out.__cuda_array_interface__["shape"] == (4, H)
 
 
 def test_fp32_reduce_keeps_the_rows_and_sums_them_in_order(lib):
     args = inputs()
     out = ff.fused_moe(**args, fp32_reduce=True)
-    assert lib.names() == ["memset", "ferrum_moe_align_block_size", GEMM_FP32, "ferrum_silu_and_mul", GEMM_FP32,
+    assert lib.names() == ["memset", "ferrum_moe_align_block_size", GEMM_FP32, "ferrum_silu_and_mul", GEMM,
                            "ferrum_moe_sum"]
-    gate_up, down = lib.args(GEMM_FP32, 0), lib.args(GEMM_FP32, 1)
-    assert len(down) == 24 and down[C] == gate_up[C]  # the gate/up output is dead by then: its storage is reused
+    gate_up, down = lib.args(GEMM_FP32, 0), lib.args(GEMM, 0)
+    assert down[ADD_ROWS:] == (0, None, 0, 1)  # rows stored, routing settled
+    assert down[C] == gate_up[C]  # the gate/up output is dead by then: its storage is reused
     assert lib.args("ferrum_moe_sum")[:5] == (down[C], ptr(out), 4, 2, H)
 
 
@@ -332,7 +334,7 @@ def test_out_sharing_memory_with_hidden_is_summed_after_the_gemms(lib):
     # Zeroing out in the gate/up GEMM would destroy hidden before it is read.
     args = inputs()
     ff.fused_moe(**args, out=args["hidden"])
-    assert lib.names()[-3:] == ["ferrum_silu_and_mul", GEMM_FP32, "ferrum_moe_sum"]
+    assert lib.names()[-3:] == ["ferrum_silu_and_mul", GEMM, "ferrum_moe_sum"]
     assert lib.args("ferrum_moe_sum")[1] == ptr(args["hidden"])
     ff.fused_moe(**args)  # the same signature with a fresh out: the kept plan is not reused
     assert lib.names()[-2:] == ["ferrum_silu_and_mul", GEMM]
@@ -380,7 +382,7 @@ def test_expert_parallel_adds_nothing_for_other_ranks_rows(lib, top_k):
     align, gate_up, down = lib.args(ALIGN), lib.args(GEMM, 0), lib.args(GEMM, 1)
     assert align[3] == 8 and align[5] == ptr(expert_map)  # routed among the 8 global experts
     assert gate_up[IS_EP] == down[IS_EP] == 1
-    assert gate_up[CLEAR:] == (ptr(out), 4 * H * 2) and (down[C], down[ADD_ROWS]) == (ptr(out), top_k)
+    assert gate_up[CLEAR:] == (ptr(out), 4 * H * 2, 0) and (down[C], down[ADD_ROWS]) == (ptr(out), top_k)
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
@@ -389,8 +391,8 @@ def test_expert_parallel_with_fp32_reduce_zeroes_the_down_rows_after_the_activat
     out = FakeCAI((4, H), "<f2")
     ff.fused_moe(**inputs(top_k=top_k), expert_map=expert_map, out=out, fp32_reduce=True)
     names = lib.names()
-    assert names[names.index("ferrum_silu_and_mul") + 1:][:2] == ["memset", GEMM_FP32]
-    down = lib.args(GEMM_FP32, 1)
+    assert names[names.index("ferrum_silu_and_mul") + 1:][:2] == ["memset", GEMM]
+    down = lib.args(GEMM, 0)
     assert lib.args(GEMM_FP32, 0)[IS_EP] == down[IS_EP] == 1
     zeroed = lib.args("memset", 1)  # after the new workspace's
     assert zeroed == (down[C], 0, 4 * top_k * H * 2, 0)
@@ -399,7 +401,7 @@ def test_expert_parallel_with_fp32_reduce_zeroes_the_down_rows_after_the_activat
 
 def test_fp32_reduce_shares_one_c_tmp(lib):
     ff.fused_moe(**inputs(m=64, top_k=4), fp32_reduce=True)
-    gate_up, down = lib.args(GEMM_FP32, 0), lib.args(GEMM_FP32, 1)
+    gate_up, down = lib.args(GEMM_FP32, 0), lib.args(GEMM, 0)
     assert gate_up[C_TMP] == down[C_TMP] is not None
     assert (gate_up[ATOMIC], gate_up[FP32], down[ATOMIC], down[FP32]) == (0, 1, 0, 1)
     block = gate_up[BLOCK]

@@ -218,7 +218,7 @@ def run_moe(cp, weight: MarlinMoeWeight, x: np.ndarray, routing: Routing, block:
             fp32_reduce: bool = False, mul: bool = False, is_ep: bool = False, prob_m: int | None = None,
             top_k: int | None = None, sorted_ids: np.ndarray | None = None, expert_ids: np.ndarray | None = None,
             count: np.ndarray | None = None, topk_weights: np.ndarray | None = None, add_rows_div: int = 0,
-            clear=None) -> np.ndarray:
+            clear=None, routing_settled: bool = False) -> np.ndarray:
     """One fused launch on a device ``weight`` with ``c`` prefilled with the
     sentinel; checks that the kernel left the lock workspace zero; returns
     ``c`` on the host. ``x`` holds the logical features (zero-padded here to
@@ -247,6 +247,7 @@ def run_moe(cp, weight: MarlinMoeWeight, x: np.ndarray, routing: Routing, block:
         prob_m=m, prob_n=n, prob_k=weight.k, top_k=top_k, moe_block_size=block, group_size=weight.group_size,
         c_tmp=c_tmp, topk_weights=cp.asarray(np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)),
         mul_topk_weights=mul, is_ep=is_ep, use_fp32_reduce=fp32_reduce, add_rows_div=add_rows_div, clear=clear,
+        routing_settled=routing_settled,
     )
     if weight.kind == "mxfp4":
         ff.launch_marlin_moe_mxfp4_bf16(**common, bias=weight.bias, expert_count=weight.num_experts)
@@ -1080,7 +1081,9 @@ def test_rows_added_into_a_zeroed_c(cp, name, block, shape, expert_parallel):
     x = activations(rng, 37, weight.device.logical_k, weight.dtype)
     ref = reference_rows(x, weight.w, routing, weight.bias, mul=True)
     for div in (top_k, 1):
-        got = run_moe(cp, weight.device, x, routing, block, mul=True, is_ep=expert_parallel, add_rows_div=div)
+        # The layer's down GEMM also reads its routing before the previous kernel ends (settled).
+        got = run_moe(cp, weight.device, x, routing, block, mul=True, is_ep=expert_parallel, add_rows_div=div,
+                      routing_settled=div > 1)
         expected = summed_rows(ref, div)
         assert np.isfinite(got.astype(np.float64)).all()
         # 16-bit adds of the partials and of the top_k rows: a few roundings more than the stored rows.

@@ -643,3 +643,16 @@ def test_clear_must_not_meet_the_kernels_c_tmp():
     assert kernel_span > rows_span  # the kernel's minimum is the larger
     with pytest.raises(ArgumentError, match="overlaps c_tmp"):
         replace(launch, clear=(9 << 30) + rows_span, clear_bytes=16).validate(sms=132)
+
+
+
+@pytest.mark.parametrize("base", [F16, MXFP4], ids=["f16", "mxfp4"])
+def test_routing_settled_selects_the_ex_entry_and_cannot_clear(base):
+    settled = replace(base, routing_settled=True)
+    assert settled.entry_point == base.entry_point + "_ex"
+    settled.validate()
+    replace(settled, add_rows_div=base.top_k).validate()
+    rejects(replace(settled, clear=0xA0000, clear_bytes=64),
+            "routing_settled starts before the previous kernel is done and cannot clear")
+    with pytest.raises(ArgumentTypeError, match="routing_settled must be a bool"):
+        replace(base, routing_settled=1).validate()

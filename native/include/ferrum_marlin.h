@@ -330,7 +330,7 @@ FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(const void* a, const void* b, v
                                                  int use_fp32_reduce);
 
 /* The same three GEMMs for a MoE layer's calls (fused_moe uses them), each with
- * the arguments of its entry above and three more:
+ * the arguments of its entry above and four more:
  *   add_rows_div  0: C as above. r >= 1: C is zero on entry and every partial of
  *                 output row t (of prob_m * top_k) is added, with atomics and no
  *                 locks, into row t / r of C, which has prob_m * top_k / r rows
@@ -344,6 +344,13 @@ FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(const void* a, const void* b, v
  *                 starts): the next GEMM's add_rows_div destination. It must not
  *                 overlap any buffer this launch reads or writes.
  *   clear_bytes   0 with clear NULL, else a positive multiple of 16.
+ *   routing_settled  1: the routing arrays (sorted_token_ids, expert_ids,
+ *                 num_tokens_past_padded) and topk_weights were written before the
+ *                 stream's previous kernel, only `a` by it (fused_moe's down GEMM
+ *                 after the activation): the launch reads them and pulls its first
+ *                 weight stages into L2 while that kernel finishes, and waits for it
+ *                 before reading `a` or writing anything. Needs clear NULL. 0: it
+ *                 waits first, as the entries above do.
  * A launch whose routing holds no rows still clears. Same status stages. */
 FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
                                              const void* b_scales, const void* b_zeros,
@@ -355,7 +362,7 @@ FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(const void* a, const void* b, void*
                                              int prob_n, int prob_k, int group_size, int has_zp,
                                              int dev, ferrum_stream_t stream, int use_atomic_add,
                                              int use_fp32_reduce, int add_rows_div, void* clear,
-                                             size_t clear_bytes);
+                                             size_t clear_bytes, int routing_settled);
 FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
                                                  const void* b_scales, const void* b_zeros,
                                                  void* workspace, const int* sorted_token_ids,
@@ -366,7 +373,8 @@ FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(const void* a, const void* b, v
                                                  int prob_m, int prob_n, int prob_k, int group_size,
                                                  int has_zp, int dev, ferrum_stream_t stream,
                                                  int use_atomic_add, int use_fp32_reduce,
-                                                 int add_rows_div, void* clear, size_t clear_bytes);
+                                                 int add_rows_div, void* clear, size_t clear_bytes,
+                                                 int routing_settled);
 FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(const void* a, const void* b, void* c,
                                                     void* c_tmp, const void* b_bias,
                                                     const void* b_scales, void* workspace,
@@ -379,7 +387,7 @@ FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(const void* a, const void* b
                                                     int group_size, int dev, ferrum_stream_t stream,
                                                     int use_atomic_add, int use_fp32_reduce,
                                                     int add_rows_div, void* clear,
-                                                    size_t clear_bytes);
+                                                    size_t clear_bytes, int routing_settled);
 
 /* Profile sink: while a path is set, every MoE GEMM launch appends one JSON line
  *   {"event":"vllm_moe_config","entry":...,"shape":{"prob_m","prob_n","prob_k",

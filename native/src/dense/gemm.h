@@ -78,6 +78,10 @@ struct Args {
   // launch's add_rows_div destination); null when clear_int4 is 0.
   int4* clear;
   long long clear_int4;
+  // Sorted launches: the routing arrays were written before the previous
+  // kernel, only A by it: they are read (and the first weight stages pulled
+  // into L2) while that kernel finishes (a_after_previous_kernel is set too).
+  bool routing_settled;
 };
 
 // Tile configurations the library is built with. M8 = activation rows / 8.

@@ -695,12 +695,14 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   if (p.a_after_previous_kernel) {
     // The weights do not depend on the previous kernel: fetch the first stages
     // of this column into L2 while it finishes, then wait for its A.
-    const int ahead = min(min(T::stages - 1, count), k_tiles - f_kt);
+    const int ahead = f_dead ? 0 : min(min(T::stages - 1, count), k_tiles - f_kt);
     for (int s = 0; s < ahead; ++s) {
 #pragma unroll
       for (int i = 0; i < kBCopies; ++i) ptx::prefetch_l2(pb[i] + s * b_step);
     }
     ptx::griddep_wait();
+    // Settled routing skipped enter_chain: the next kernel may start now.
+    if constexpr (R == Route::Sorted) ptx::griddep_launch_dependents();
   }
 #pragma unroll
   for (int i = 0; i < T::stages - 1; ++i) {

@@ -27,17 +27,26 @@ __device__ __forceinline__ bool stripes_of(const Args& p, int m_rows, int n_tile
   s.iters = p.iters;
   s.used_ids = 0;
   if constexpr (R == Route::Sorted) {
-    ptx::enter_chain();  // the routing is the previous kernel's output
-    // Before any early exit: the clear does not depend on the routing.
-    if (p.clear_int4 > 0) {
-      const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-      for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.clear_int4; i += stride)
-        p.clear[i] = make_int4(0, 0, 0, 0);
+    // Settled routing: only A is the previous kernel's output, and the kernel
+    // waits for it before its first copy of A (there is nothing to clear).
+    if (!p.routing_settled) {
+      ptx::enter_chain();  // the routing is the previous kernel's output
+      // Before any early exit: the clear does not depend on the routing.
+      if (p.clear_int4 > 0) {
+        const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+        for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.clear_int4;
+             i += stride)
+          p.clear[i] = make_int4(0, 0, 0, 0);
+      }
     }
     s.used_ids = max(__ldg(p.route.used_ids), 0);
     s.slabs = (s.used_ids + m_rows - 1) / m_rows;
     const long long units = static_cast<long long>(s.slabs) * n_tiles * k_tiles;
-    if (units == 0) return false;
+    if (units == 0) {
+      // No block waits later: the launch must still end after the previous kernel.
+      if (p.routing_settled) ptx::griddep_wait();
+      return false;
+    }
     s.iters = static_cast<int>((units + gridDim.x - 1) / gridDim.x);
   }
   s.total = s.slabs * n_tiles * k_tiles;

@@ -95,7 +95,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   }
   __syncthreads();
   if (count <= 0) return;
-  if (p.a_after_previous_kernel) ptx::griddep_wait();  // A is the act-order gather's output
+  if (p.a_after_previous_kernel) {
+    ptx::griddep_wait();  // A is the previous kernel's output (act-order gather, MoE activation)
+    if constexpr (R == Route::Sorted) ptx::griddep_launch_dependents();  // settled routing skipped enter_chain
+  }
   const bool grouped = p.group_shift >= 0;
   const int z_shift = grouped ? p.group_shift : 30;  // zero points: one row when channelwise
 

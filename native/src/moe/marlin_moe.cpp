@@ -38,6 +38,7 @@ struct MoeCall {
   int add_rows_div = 0;
   void* clear = nullptr;
   size_t clear_bytes = 0;
+  int routing_settled = 0;
 };
 
 template <class... Ts>
@@ -83,6 +84,10 @@ int check_layer_extras(const MoeCall& m) {
   }
   if ((m.clear == nullptr) != (m.clear_bytes == 0))
     return invalid("%s: clear_bytes must be positive exactly when clear is non-null", e);
+  if (m.routing_settled != 0 && m.routing_settled != 1)
+    return invalid("%s: routing_settled must be 0 or 1, got %d", e, m.routing_settled);
+  if (m.routing_settled && m.clear != nullptr)
+    return invalid("%s: routing_settled starts before the previous kernel is done and cannot clear", e);
   if (m.clear != nullptr) {
     if (int st = check_pointer(e, "clear", m.clear, 16)) return st;
     if (m.clear_bytes % 16 != 0)
@@ -229,6 +234,8 @@ int run(const MoeCall& m) {
   args.add_rows_div = m.add_rows_div;
   args.clear = static_cast<int4*>(m.clear);
   args.clear_int4 = static_cast<long long>(m.clear_bytes / 16);
+  args.routing_settled = m.routing_settled != 0;
+  args.a_after_previous_kernel = args.routing_settled;
 
   int stage = FERRUM_STAGE_KERNEL_LAUNCH;
   const cudaError_t err = launch_routed_gemm(m.a_type, m.w_type, m8, Route::Sorted, nc, args,
@@ -255,13 +262,13 @@ int f16_entry(const char* entry, bool fp8, const void* a, const void* b, void* c
               const int* num_tokens_past_padded, const float* topk_weights, int moe_block_size, int top_k,
               int mul_topk_weights, int is_ep, int prob_m, int prob_n, int prob_k, int group_size, int has_zp,
               int dev, ferrum_stream_t stream, int use_atomic_add, int use_fp32_reduce, int add_rows_div,
-              void* clear, size_t clear_bytes) {
+              void* clear, size_t clear_bytes, int routing_settled) {
   const WType w = fp8 ? WType::FE4M3FN : has_zp ? WType::U4 : WType::U4B8;
   return ferrum::moe::run({entry, AType::F16, w, a, b, c, c_tmp, b_scales, b_zeros, nullptr, workspace,
                            sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
                            mul_topk_weights, is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
                            reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
-                           clear, clear_bytes});
+                           clear, clear_bytes, routing_settled});
 }
 
 int mxfp4_entry(const char* entry, const void* a, const void* b, void* c, void* c_tmp, const void* b_bias,
@@ -269,12 +276,12 @@ int mxfp4_entry(const char* entry, const void* a, const void* b, void* c, void* 
                 const int* num_tokens_past_padded, const float* topk_weights, int moe_block_size, int top_k,
                 int mul_topk_weights, int is_ep, int prob_m, int prob_n, int prob_k, int group_size, int dev,
                 ferrum_stream_t stream, int use_atomic_add, int use_fp32_reduce, int add_rows_div, void* clear,
-                size_t clear_bytes) {
+                size_t clear_bytes, int routing_settled) {
   return ferrum::moe::run({entry, AType::BF16, WType::FE2M1, a, b, c, c_tmp, b_scales, nullptr, b_bias, workspace,
                            sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
                            mul_topk_weights, is_ep, prob_m, prob_n, prob_k, group_size, 0, dev,
                            reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
-                           clear, clear_bytes});
+                           clear, clear_bytes, routing_settled});
 }
 
 }  // namespace
@@ -305,32 +312,33 @@ int mxfp4_entry(const char* entry, const void* a, const void* b, void* c, void* 
 extern "C" {
 
 FERRUM_API int ferrum_vllm_marlin_moe_f16(FERRUM_F16_MOE_PARAMS) {
-  return f16_entry("ferrum_vllm_marlin_moe_f16", false, FERRUM_F16_MOE_ARGS, 0, nullptr, 0);
+  return f16_entry("ferrum_vllm_marlin_moe_f16", false, FERRUM_F16_MOE_ARGS, 0, nullptr, 0, 0);
 }
 
 FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16(FERRUM_F16_MOE_PARAMS) {
-  return f16_entry("ferrum_vllm_marlin_moe_fp8_f16", true, FERRUM_F16_MOE_ARGS, 0, nullptr, 0);
+  return f16_entry("ferrum_vllm_marlin_moe_fp8_f16", true, FERRUM_F16_MOE_ARGS, 0, nullptr, 0, 0);
 }
 
 FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(FERRUM_MXFP4_MOE_PARAMS) {
-  return mxfp4_entry("ferrum_vllm_marlin_moe_mxfp4_bf16", FERRUM_MXFP4_MOE_ARGS, 0, nullptr, 0);
+  return mxfp4_entry("ferrum_vllm_marlin_moe_mxfp4_bf16", FERRUM_MXFP4_MOE_ARGS, 0, nullptr, 0, 0);
 }
 
 FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(FERRUM_F16_MOE_PARAMS, int add_rows_div, void* clear,
-                                             size_t clear_bytes) {
-  return f16_entry("ferrum_vllm_marlin_moe_f16_ex", false, FERRUM_F16_MOE_ARGS, add_rows_div, clear, clear_bytes);
+                                             size_t clear_bytes, int routing_settled) {
+  return f16_entry("ferrum_vllm_marlin_moe_f16_ex", false, FERRUM_F16_MOE_ARGS, add_rows_div, clear, clear_bytes,
+                   routing_settled);
 }
 
 FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(FERRUM_F16_MOE_PARAMS, int add_rows_div, void* clear,
-                                                 size_t clear_bytes) {
+                                                 size_t clear_bytes, int routing_settled) {
   return f16_entry("ferrum_vllm_marlin_moe_fp8_f16_ex", true, FERRUM_F16_MOE_ARGS, add_rows_div, clear,
-                   clear_bytes);
+                   clear_bytes, routing_settled);
 }
 
 FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(FERRUM_MXFP4_MOE_PARAMS, int add_rows_div, void* clear,
-                                                    size_t clear_bytes) {
+                                                    size_t clear_bytes, int routing_settled) {
   return mxfp4_entry("ferrum_vllm_marlin_moe_mxfp4_bf16_ex", FERRUM_MXFP4_MOE_ARGS, add_rows_div, clear,
-                     clear_bytes);
+                     clear_bytes, routing_settled);
 }
 
 }  // extern "C"
