@@ -322,7 +322,6 @@ class _Plan:
 
     steps: tuple[_Step, ...]
     scratch: tuple[Any, ...]
-    adds_out: bool  # the gate/up GEMM zeroes out, the down GEMM adds into it
 
     def run(self, lib: Any, values: tuple) -> None:
         for function, args, slots, entry, shape in self.steps:
@@ -341,14 +340,16 @@ class _Signature:
     under the key of :func:`_signature_key`, with ``w2`` (held weakly: the
     key has its id only), the library its plans call, what the rules
     resolved (device, block size, activation dtype) and the plans per stream
-    handle (never changed once kept: a new stream's plan makes a new entry)."""
+    handle and mode (``adds_out``: whether ``out`` may be zeroed and added
+    into; never changed once kept: a new stream's or mode's plan makes a new
+    entry)."""
 
     w2: weakref.ref
     lib: Any
     device: int
     block_size: int
     dtype: np.dtype
-    plans: Mapping[int, _Plan]
+    plans: Mapping[tuple[int, bool], _Plan]  # by (stream handle, adds_out)
 
 
 def _plain_options(activation: Any, block_size: Any, fp32_reduce: Any, alpha: Any, limit: Any) -> bool:
@@ -520,7 +521,7 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
                        (_GEMM_TOPK_WEIGHTS, _TOPK_WEIGHTS), *writes_out))
     if not down_writes_out:
         steps.append(_step(lib, moe_sum_call(down, call.top_k, out, handle)[1], (_SUM_OUT, _OUT)))
-    return _Plan(steps=tuple(steps), scratch=(workspace, c_tmp, gemm_rows, activated) + routing, adds_out=adds_out)
+    return _Plan(steps=tuple(steps), scratch=(workspace, c_tmp, gemm_rows, activated) + routing)
 
 
 def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, Any], workspace: Any,
@@ -620,9 +621,9 @@ def fused_moe(
     if call.expert_map is not None:
         views.append(call.expert_map)
     handle = prepare_stream(stream, views)
-    plan = None if signature is None else signature.plans.get(handle)
     adds_out = _adds_out(call, fp32_reduce, out_view)
-    if plan is None or plan.adds_out != adds_out or not _out_fits(out, out_view, call, w2.n, dtype, adds_out):
+    plan = None if signature is None else signature.plans.get((handle, adds_out))
+    if plan is None or not _out_fits(out, out_view, call, w2.n, dtype, adds_out):
         generation = plan_generation()  # read before the plan fetches any scratch buffer
         lib = library()
         plan = _plan(hidden, w13, w2, topk_weights, topk_ids, call, activation, expert_map, fp32_reduce, alpha,
@@ -631,7 +632,7 @@ def fused_moe(
             key = _signature_key(w2, activation, block_size, fp32_reduce, call.m, call.top_k, call.expert_map)
             kept = (plans_of(w13) or {}).get(key)
             plans = dict(kept.plans) if kept is not None and kept.w2() is w2 and kept.lib is lib else {}
-            plans[handle] = plan
+            plans[(handle, adds_out)] = plan
             signature = _Signature(w2=weakref.ref(w2), lib=lib, device=call.device, block_size=call.block_size,
                                    dtype=dtype, plans=plans)
             keep_plan(w13, key, signature, generation)

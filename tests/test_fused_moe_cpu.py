@@ -738,6 +738,15 @@ def test_a_plan_serves_one_signature(lib, validations):
         assert validations.layer.count == before, changes
 
 
+def test_an_out_over_hidden_and_a_fresh_out_each_keep_their_plan(lib, validations):
+    args = inputs()
+    for _ in range(3):
+        ff.fused_moe(**args, out=args["hidden"], stream=5)  # summed by moe_sum
+        ff.fused_moe(**args, stream=5)  # added into out by the down GEMM
+    assert (validations.layer.count, validations.plans.count) == (1, 2)
+    assert lib.names()[-2:] == ["ferrum_silu_and_mul", GEMM] and lib.names()[-5] == "ferrum_moe_sum"
+
+
 def test_other_weight_objects_or_option_types_are_not_the_same_signature(lib, validations):
     ff.fused_moe(**inputs())
     copy = dataclasses.replace(W13["u4b8"])  # the same buffers, another weight
