@@ -92,7 +92,11 @@ def default_block_size(num_tokens: int, top_k: int, num_experts: int, warp_speci
     layer's blocks of 32 and 64 rows run the Hopper warp-specialised kernel,
     see :func:`tall_blocks_warp_specialised`): 9 to 16 rows take blocks of 32
     (H200, Qwen3-30B-A3B-like layer, gate_up + down: M = 192 178 us in blocks
-    of 32 against 196 in 16 and 220 in 8; M = 256 182 against 252 in 16).
+    of 32 against 196 in 16 and 220 in 8; M = 256 182 against 252 in 16), and
+    where the rule above gives 48 (a block the 8-warp kernel runs) 64 (H200,
+    GPT-OSS-like M = 256, r = 32: 180 + 100 us in blocks of 64 against 222 +
+    127 in 32 and 261 + 144 in 48; Qwen-like M = 512: 175 + 96 against 219 +
+    138).
 
     Why: each block of rows streams its expert's whole weight, so an expert
     should fit one block; a block larger than that only adds padded rows
@@ -109,16 +113,20 @@ def default_block_size(num_tokens: int, top_k: int, num_experts: int, warp_speci
         return 32
     if rows > 16:
         rows = math.ceil(rows + math.sqrt(rows))
-    return next((size for size in MOE_BLOCK_SIZES if size >= rows), MOE_BLOCK_SIZES[-1])
+    size = next((size for size in MOE_BLOCK_SIZES if size >= rows), MOE_BLOCK_SIZES[-1])
+    return 64 if warp_specialised and size == 48 else size
 
 
 def tall_blocks_warp_specialised(device: int, w13: MarlinMoeWeight, w2: MarlinMoeWeight) -> bool:
     """Whether the layer's routed GEMMs run blocks of 32 and 64 rows on the
     warp-specialised Hopper kernel. The native planner decides
-    (``routed_auto_config`` in native/src/moe/routed_launch.cpp); this is its
-    rule: a Hopper device, a library with sm_90a code, an FP16 format (not
-    MXFP4) and both GEMMs' N divisible by 256."""
-    if w13.kind == "mxfp4" or w13.n % 256 or w2.n % 256:
+    (``routed_wide_config`` in native/src/moe/routed_launch.cpp); this is its
+    rule: a Hopper device, a library with sm_90a code, and both GEMMs' N at
+    least 256 (4-bit formats, MXFP4 included: the last 256-column tile may be
+    partial) or divisible by 256 (8-bit FP8). K is a multiple of 64 in every
+    MoE weight, as the slots need."""
+    multiple = 64 if w13.kind in ("u4b8", "u4", "mxfp4") else 256
+    if any(w.n < 256 or w.n % multiple for w in (w13, w2)):
         return False
     return device_compute_major(device) == 9 and "90a" in library().build_info
 

@@ -123,9 +123,10 @@ def test_default_block_size_holds_an_average_experts_rows(m, top_k, experts, exp
 
 
 @pytest.mark.parametrize("m, top_k, experts, expected", [
-    (64, 8, 128, 8), (129, 8, 128, 32), (192, 8, 128, 32), (256, 8, 128, 32), (512, 8, 128, 48), (256, 4, 32, 48),
+    (64, 8, 128, 8), (129, 8, 128, 32), (192, 8, 128, 32), (256, 8, 128, 32), (512, 8, 128, 64), (256, 4, 32, 64),
+    (160, 2, 8, 64), (96, 2, 8, 32), (4096, 8, 8, 64),
 ])
-def test_warp_specialised_layers_take_32_row_blocks_for_9_to_16_rows(m, top_k, experts, expected):
+def test_warp_specialised_layers_take_32_row_blocks_for_9_to_16_rows_and_64_for_48(m, top_k, experts, expected):
     assert layer.default_block_size(m, top_k, experts, warp_specialised=True) == expected
 
 
@@ -142,8 +143,11 @@ def test_tall_blocks_follow_the_native_planners_rule(monkeypatch):
 
     assert layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2048))
     assert layer.tall_blocks_warp_specialised(0, w("fe4m3fn", 512), w("fe4m3fn", 256))
-    assert not layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2880))  # down N % 256
-    assert not layer.tall_blocks_warp_specialised(0, w("mxfp4", 5760), w("mxfp4", 3072))
+    # 4-bit weights: a partial last 256-column tile (GPT-OSS's 2880, 5760)
+    assert layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2880))
+    assert layer.tall_blocks_warp_specialised(0, w("mxfp4", 5760), w("mxfp4", 2880))
+    assert not layer.tall_blocks_warp_specialised(0, w("fe4m3fn", 512), w("fe4m3fn", 2880))  # 8-bit: N % 256
+    assert not layer.tall_blocks_warp_specialised(0, w("mxfp4", 5760), w("mxfp4", 192))  # N < 256
     major["value"] = 8
     assert not layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2048))
     major["value"] = 9

@@ -396,16 +396,22 @@ def test_every_m_and_top_k(cp, name, m, top_k):
         assert_rows(got, reference_rows(x, weight.w, routing, weight.bias, mul=True), TOLERANCE[weight.dtype])
 
 
-# On Hopper, blocks of 32 and 64 rows of the FP16 formats run the
-# warp-specialised kernel wherever 256 divides N (elsewhere, and on other GPUs,
-# the 8-warp kernel serves them and this test checks that path instead).
-WIDE_SHAPE = (512, 512)  # (N, K): two 256-column tiles, eight 64-deep k tiles
+# On Hopper, blocks of 32 and 64 rows run the warp-specialised kernel where
+# N >= 256 (4-bit formats, MXFP4 included; the last 256-column tile may be
+# partial) or 256 divides N (FP8); blocks of 16, FP8's partial shapes and
+# other GPUs run the 8-warp kernel, and this test checks that path instead.
+WIDE_SHAPES = {
+    "whole": (512, 512),  # (N, K): two 256-column tiles, four 128-deep / eight 64-deep k tiles
+    "partial": (576, 512),  # a last column tile of one 64-column chunk
+    "half": (640, 512),  # a last column tile of two chunks
+}
 
 
-@pytest.mark.parametrize("name", [name for name in WEIGHT_CONFIGS if name != "mxfp4"])
-@pytest.mark.parametrize("block", [32, 64])
-def test_tall_routing_blocks_of_every_fp16_format(cp, name, block):
-    weight = make_weight(cp, name, WIDE_SHAPE, experts=6)
+@pytest.mark.parametrize("name", list(WEIGHT_CONFIGS))
+@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize("shape", list(WIDE_SHAPES))
+def test_tall_routing_blocks_of_every_format(cp, name, block, shape):
+    weight = make_weight(cp, name, WIDE_SHAPES[shape], experts=6)
     rng = np.random.default_rng([block, 11])
     # 210 routed rows over 6 experts: several blocks per expert at 32 rows,
     # partly filled blocks at 64; the columns' k runs are split over blocks.
@@ -1062,7 +1068,10 @@ def summed_rows(ref: np.ndarray, div: int) -> np.ndarray:
 
 @pytest.mark.parametrize("name, block, shape", [
     ("u4b8-g128", 8, None), ("u4-g64", 16, None), ("fe4m3fn-g-1", 48, None), ("mxfp4", 8, None),
-    ("mxfp4", 32, None), ("u4b8-g128", 32, WIDE_SHAPE), ("u4-g128", 64, WIDE_SHAPE), ("fe4m3fn-g128", 32, WIDE_SHAPE),
+    ("mxfp4", 32, None), ("u4b8-g128", 32, WIDE_SHAPES["whole"]), ("u4-g128", 64, WIDE_SHAPES["whole"]),
+    ("fe4m3fn-g128", 32, WIDE_SHAPES["whole"]), ("u4b8-g128", 16, WIDE_SHAPES["half"]),
+    ("fe4m3fn-g-1", 16, WIDE_SHAPES["partial"]), ("mxfp4", 16, WIDE_SHAPES["partial"]),
+    ("mxfp4", 64, WIDE_SHAPES["half"]),
 ])
 @pytest.mark.parametrize("expert_parallel", [False, True])
 def test_rows_added_into_a_zeroed_c(cp, name, block, shape, expert_parallel):

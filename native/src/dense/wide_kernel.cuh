@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   // expert, rows gathered by sorted_token_ids (see gemm_kernel.cuh's Route).
   constexpr bool kSorted = R == Route::Sorted;
   static_assert(R == Route::Dense || (kSorted && W::gather && !WholeSlots), "routed slabs: gathered rows");
+  static_assert(!F::e8m0_scales || kSorted, "E8M0 scales (MXFP4): routed slabs");
   // The activation slots first: they must sit on 1024-byte boundaries (swizzle atoms).
   extern __shared__ __align__(1024) int4 smem[];
   int4* const sh_a = smem;
@@ -77,7 +78,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   int& sh_last = *reinterpret_cast<int*>(empty + kStages);
 
   const int tid = threadIdx.x;
-  const int n_tiles = p.n / W::n_tile;
+  // Routed launches of 4-bit weights accept an n that the tile leaves partial
+  // (a multiple of 64: GPT-OSS's 2880 and 5760): the last column tile's
+  // missing chunks are never stored (see step_back).
+  const int n_tiles = kSorted ? (p.n + W::n_tile - 1) / W::n_tile : p.n / W::n_tile;
   const int k_tiles = p.k / W::k_tile;
   Stripes stripes;
   if (!stripes_of<R>(p, W::m_rows, n_tiles, k_tiles, stripes)) return;
@@ -99,8 +103,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     ptx::griddep_wait();  // A is the previous kernel's output (act-order gather, MoE activation)
     if constexpr (R == Route::Sorted) ptx::griddep_launch_dependents();  // settled routing skipped enter_chain
   }
-  const bool grouped = p.group_shift >= 0;
-  const int z_shift = grouped ? p.group_shift : 30;  // zero points: one row when channelwise
+  // MXFP4's groups are 32 values: its scale-row arithmetic folds to constants.
+  const int group_shift = F::e8m0_scales ? 5 : p.group_shift;
+  const bool grouped = group_shift >= 0;
+  const int z_shift = grouped ? group_shift : 30;  // zero points: one row when channelwise
 
   // The role as a warp-uniform value (a shuffle from lane 0), so that the
   // compiler sees the consumers' MMAs on a non-divergent path and does not
@@ -116,10 +122,12 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     constexpr int kBCopies = W::b_stage / W::producers;
     static_assert(W::b_stage % W::producers == 0, "copies split evenly");
     static_assert(W::producers % kBRowInt4 == 0 || kBRowInt4 % W::producers == 0, "B rows and copies nest");
-    const int s_rows = grouped && W::k_tile > (1 << p.group_shift) ? W::k_tile >> p.group_shift : 1;
-    const int s_copies = grouped && !W::row_groups ? s_rows * W::n_chunks * 8 : 0;
+    const int s_rows = grouped && W::k_tile > (1 << group_shift) ? W::k_tile >> group_shift : 1;
+    constexpr int kSChunkInt4 = 4 * F::scale_bytes;  // one chunk's scales of one group row
+    // (at most W::s_stage: the launchers keep 16-bit groups of 32 off 128-deep slots)
+    const int s_copies = grouped && !W::row_groups ? s_rows * W::n_chunks * kSChunkInt4 : 0;
     const int z_copies = F::zero_points && !W::row_groups ? s_rows * W::n_chunks * 2 : 0;
-    const int s_row_int4 = p.s_row_halves / 8;
+    const int s_row_int4 = p.s_row_halves * F::scale_bytes / 16;
     // The copies are one warp's serial instruction stream per SM quarter, so
     // everything per thread is fixed up front and a slot costs a few adds per
     // copy: B copy j is element tid + 128 j of the slot's k rows (row
@@ -146,6 +154,19 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     [[maybe_unused]] int a_src[kACopies] = {};  // routed: their rows of A, fixed per slab
     [[maybe_unused]] int seek_slab = -1;
     [[maybe_unused]] long long expert = 0;  // routed: the slab's expert (< 0: skipped, nothing copied)
+    constexpr int kSRowInt4 = W::n_chunks * kSChunkInt4;  // a group row of the tile's scales
+    constexpr int kZRowInt4 = W::n_chunks * 2;
+    // A partial last column tile (routed launches): the threads of its
+    // missing chunks copy the last chunk inside n again (in bounds, from L2;
+    // those columns are never stored). Each thread's copies of one kind
+    // belong to one chunk, so the step back is one offset per thread and
+    // column (a test per copy made the copier spill: routed W4A16 blocks of
+    // 32 1.5x slower), in 16-byte units: `unit` of chunk unit / `per_chunk`.
+    auto step_back = [&](int c, int unit, int per_chunk) {
+      if constexpr (!kSorted) return 0;
+      const int chunk = unit / per_chunk;
+      return (chunk - min(chunk, p.n / 64 - c * W::n_chunks - 1)) * per_chunk;
+    };
     auto seek = [&]() {
       if constexpr (kSorted) {
         if (slab != seek_slab) {
@@ -161,9 +182,12 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
           }
         }
       }
+      // (B: one chunk per thread where the tile's k row is one copy per
+      // producer, 4-bit tiles of four chunks; the launcher refuses partial
+      // tiles otherwise.)
       const long long e = kSorted ? max(expert, 0ll) : 0;
       pb = gB + e * p.route.b_expert_int4 + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 +
-           b_first;
+           b_first - (kBRowInt4 == W::producers ? step_back(c, tid, 32 * W::b_words) : 0);
       if constexpr (!kTensorA) {
 #pragma unroll
         for (int j = 0; j < kACopies; ++j) {
@@ -214,16 +238,16 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       }
       const long long e = kSorted ? max(expert, 0ll) : 0;
       if (copy && tid < s_copies) {
-        const int group_row = ((kt * W::k_tile) >> p.group_shift) + tid / (W::n_chunks * 8);
+        const int group_row = ((kt * W::k_tile) >> group_shift) + tid / kSRowInt4;
         ptx::cp_async16(sh_s + slot * W::s_stage + tid,
                         gS + e * (p.route.s_expert_bytes / 16) + static_cast<size_t>(group_row) * s_row_int4 +
-                            c * (W::n_chunks * 8) + tid % (W::n_chunks * 8));
+                            c * kSRowInt4 + tid % kSRowInt4 - step_back(c, tid % kSRowInt4, kSChunkInt4));
       }
       if (copy && tid < z_copies) {
-        const int group_row = ((kt * W::k_tile) >> z_shift) + tid / (W::n_chunks * 2);
+        const int group_row = ((kt * W::k_tile) >> z_shift) + tid / kZRowInt4;
         ptx::cp_async16(sh_z + slot * W::z_stage + tid,
                         gZ + e * p.route.z_expert_int4 + static_cast<size_t>(group_row) * p.z_row_int4 +
-                            c * (W::n_chunks * 2) + tid % (W::n_chunks * 2));
+                            c * kZRowInt4 + tid % kZRowInt4 - step_back(c, tid % kZRowInt4, 2));
       }
       if constexpr (W::row_groups) {
         if (tid < W::k_tile)
@@ -329,7 +353,17 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     GroupPairs g{};
     if constexpr (F::zero_points)
       g.zero = reinterpret_cast<const uint32_t*>(sz + s_row * (W::n_chunks * 2) + chunk * 2)[lane >> 2];
-    if (scaled) {
+    if constexpr (F::e8m0_scales) {
+      // The lane's eight E8M0 bytes of the chunk (tiles 0..3), of which its
+      // two tiles' four.
+      static_assert(kTiles == 2, "E8M0 scales: two tiles per warp");
+      const uint32_t v = reinterpret_cast<const uint32_t*>(ss + s_row * (W::n_chunks * 4) + chunk * 4)[2 * (lane >> 2) +
+                                                                                                       (tile0 >> 1)];
+      uint32_t sp[4];
+      F::e8m0_pairs(v, 0u, sp);
+      g.scales[0] = sp[0];
+      g.scales[1] = sp[1];
+    } else if (scaled) {
       const int4* const pairs = ss + (s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2));  // tiles 0..3
       if constexpr (kTiles == 2) {
         const uint2 v = reinterpret_cast<const uint2*>(pairs)[tile0 >> 1];
@@ -728,12 +762,15 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
       W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args, launch, stage, a_map);
 }
 
-// Routed (fused-MoE) slabs of 32 or 64 rows: dequantisation mode, rows gathered.
+// Routed (fused-MoE) slabs of 32 or 64 rows: dequantisation mode, rows
+// gathered. The slot depth must divide k; 4-bit weights may leave the last
+// column tile partial (n a multiple of 64), 8-bit weights may not.
 template <int Tokens, class F>
 cudaError_t launch_wide_routed_tile(Args& args, const Launch& launch, int* stage) {
   using W = WideTile<Tokens, F::bits, 2, false, true>;
+  const int n_unit = F::bits == 4 ? 64 : W::n_tile;
   // Every routed column leaves in parts, each under its own lock: locks by range only.
-  if (!args.lock_by_range) {
+  if (!args.lock_by_range || args.k % W::k_tile != 0 || args.n % n_unit != 0) {
     *stage = FERRUM_STAGE_KERNEL_LAUNCH;
     return cudaErrorInvalidValue;
   }

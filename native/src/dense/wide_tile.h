@@ -49,13 +49,19 @@ struct WideTile {
   static constexpr int groups = Groups;
   static constexpr int consumers = 128 * Groups;
   static constexpr int threads = producers + consumers;
-  // Registers per thread after the hand-over (65536 per SM, one block).
-  static constexpr int producer_regs = 40;
-  static constexpr int consumer_regs = Groups == 2 ? 232 : 152;
-  static_assert(producers * producer_regs + consumers * consumer_regs <= 65536, "register file");
+  // Registers per thread after the hand-over: the block's launch allocation
+  // (65536 per SM, one block: 168 per thread of 384, 128 of 512) is
+  // redistributed, never grown (a warpgroup asking for more than the others
+  // released waits forever). The routed copier also holds its slab's
+  // gathered rows and expert (at 40 it spilled).
+  static constexpr int producer_regs = Gather ? 48 : 40;
+  static constexpr int consumer_regs = Groups == 3 ? 152 : Gather ? 224 : 232;
+  static constexpr int launch_regs = (65536 / (producers + consumers)) / 8 * 8;
+  static_assert(producers * producer_regs + consumers * consumer_regs <= launch_regs * (producers + consumers),
+                "the registers the block was launched with");
   static constexpr bool row_groups = RowGroups;
   // Per slot, in 16-byte units. Groups of 32 put two scale rows into a slot;
-  // row groups a window of eight.
+  // row groups a window of eight; one-byte E8M0 scales (MXFP4) take half.
   static constexpr int s_rows = RowGroups ? 8 : 2;
   static constexpr int a_stage = Tokens * 8 * k_atoms;
   static constexpr int b_stage = k_rows * n_chunks * 32 * b_words;

@@ -77,19 +77,31 @@ TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
 // tile where k >= 128, every other slab 256 x 64 tiles where n >= 256 (H200,
 // GPT-OSS-like M=256 in 32-row blocks: gate_up 365 -> 323 us against 128 x 128,
 // 48-row blocks 299 -> 278), a narrower N 128 x 128; a dimension shorter than
-// the tile takes the narrower one. On Hopper, blocks of 32 and 64 rows of the
-// FP16 formats run the warp-specialised kernel where its 256 x 64 tile divides
-// the problem (its MMAs are warpgroup-wide: the 8-warp tiles are
-// compute-bound at those heights).
+// the tile takes the narrower one. On Hopper, blocks of 32 and 64 rows run
+// the warp-specialised kernel (see routed_wide_config).
 bool routed_auto_config(int m8, int n, int k, bool hopper, WType w, NConfig* nc) {
   if (n % 64 != 0 || k % 64 != 0) return false;
-  if (hopper && (m8 == 4 || m8 == 8) && n % 256 == 0 && w != WType::FE2M1)
-    *nc = m8 == 4 ? NConfig::WIDE_T32 : NConfig::WIDE_T64;
-  else if (m8 <= dense::kDeepTileMaxM8 && n >= 256 && k >= 128) *nc = NConfig::N256_K128;
+  if (hopper && routed_wide_config(m8, n, k, w, nc)) return true;
+  if (m8 <= dense::kDeepTileMaxM8 && n >= 256 && k >= 128) *nc = NConfig::N256_K128;
   else if (n >= 256) *nc = NConfig::N256_K64;
   else if (k >= 128 && n >= 128) *nc = NConfig::N128_K128;
   else if (k >= 128) *nc = NConfig::N64_K128;
   else *nc = NConfig::N128_K64;
+  return true;
+}
+
+// Blocks of 32 and 64 rows of every routed format: the 8-warp tiles are
+// compute-bound at those heights, the warpgroup MMAs are not (MXFP4 too:
+// H200, GPT-OSS-like M = 256, blocks of 64 239 + 132 us for gate_up + down
+// against 261 + 144 in the 8-warp kernel's blocks of 48). Its 64-deep slots
+// must divide k; 4-bit weights may leave the last 256-column tile partial
+// (n >= 256), 8-bit weights need n % 256 == 0. (16-row routed slabs in
+// whole slots were built and measured slower than the 8-warp kernel's
+// blocks of 8 from M = 1 to 64, Qwen-like and GPT-OSS-like: not kept.)
+bool routed_wide_config(int m8, int n, int k, WType w, NConfig* nc) {
+  if (m8 != 4 && m8 != 8) return false;
+  if (n < 256 || n % (weight_bits(w) == 4 ? 64 : 256) != 0 || k % 64 != 0) return false;
+  *nc = m8 == 4 ? NConfig::WIDE_T32 : NConfig::WIDE_T64;
   return true;
 }
 
@@ -111,7 +123,10 @@ cudaError_t launch_routed_gemm(AType a, WType w, int m8, Route r, NConfig nc, Ar
     return cudaErrorInvalidValue;
   }
   if (dense::is_wide(nc)) {
-    if (r != Route::Sorted || a != AType::F16) return cudaErrorInvalidValue;
+    if (r != Route::Sorted) return cudaErrorInvalidValue;
+    if (a == AType::BF16 && w == WType::FE2M1)
+      return dense::launch_wide_routed<AType::BF16, WType::FE2M1>(8 * m8, args, launch, stage);
+    if (a != AType::F16) return cudaErrorInvalidValue;
     switch (w) {
       case WType::U4B8: return dense::launch_wide_routed<AType::F16, WType::U4B8>(8 * m8, args, launch, stage);
       case WType::U4: return dense::launch_wide_routed<AType::F16, WType::U4>(8 * m8, args, launch, stage);
