@@ -89,14 +89,14 @@ def default_block_size(num_tokens: int, top_k: int, num_experts: int, warp_speci
     receives on average, ``r = ceil(num_tokens * top_k / num_experts)``: the
     smallest of 8, 16 that holds ``r``; past 16 rows the smallest of 32, 48,
     64 that holds ``r + sqrt(r)``; 64 beyond that. ``warp_specialised`` (the
-    layer's blocks of 32 and 64 rows run the Hopper warp-specialised kernel,
-    see :func:`tall_blocks_warp_specialised`): 9 to 16 rows take blocks of 32
-    (H200, Qwen3-30B-A3B-like layer, gate_up + down: M = 192 178 us in blocks
-    of 32 against 196 in 16 and 220 in 8; M = 256 182 against 252 in 16), and
-    where the rule above gives 48 (a block the 8-warp kernel runs) 64 (H200,
-    GPT-OSS-like M = 256, r = 32: 180 + 100 us in blocks of 64 against 222 +
-    127 in 32 and 261 + 144 in 48; Qwen-like M = 512: 175 + 96 against 219 +
-    138).
+    layer's blocks of 32, 48 and 64 rows run the Hopper warp-specialised
+    kernel, see :func:`tall_blocks_warp_specialised`): 9 to 16 rows take
+    blocks of 32 (H200, Qwen3-30B-A3B-like layer, gate_up + down: M = 192
+    178 us in blocks of 32 against 196 in 16 and 220 in 8; M = 256 182
+    against 252 in 16). Past 16 rows the rule is the same on both kernels
+    (H200, warp-specialised, GPT-OSS-like M = 256, r = 32: 170 + 95 us in
+    blocks of 48 against 179 + 99 in 64 and 222 + 127 in 32; Qwen-like
+    M = 512: 116 + 76 against 132 + 82 in 64).
 
     Why: each block of rows streams its expert's whole weight, so an expert
     should fit one block; a block larger than that only adds padded rows
@@ -113,12 +113,11 @@ def default_block_size(num_tokens: int, top_k: int, num_experts: int, warp_speci
         return 32
     if rows > 16:
         rows = math.ceil(rows + math.sqrt(rows))
-    size = next((size for size in MOE_BLOCK_SIZES if size >= rows), MOE_BLOCK_SIZES[-1])
-    return 64 if warp_specialised and size == 48 else size
+    return next((size for size in MOE_BLOCK_SIZES if size >= rows), MOE_BLOCK_SIZES[-1])
 
 
 def tall_blocks_warp_specialised(device: int, w13: MarlinMoeWeight, w2: MarlinMoeWeight) -> bool:
-    """Whether the layer's routed GEMMs run blocks of 32 and 64 rows on the
+    """Whether the layer's routed GEMMs run blocks of 32, 48 and 64 rows on the
     warp-specialised Hopper kernel. The native planner decides
     (``routed_wide_config`` in native/src/moe/routed_launch.cpp); this is its
     rule: a Hopper device, a library with sm_90a code, and both GEMMs' N at

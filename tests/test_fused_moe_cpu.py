@@ -123,10 +123,10 @@ def test_default_block_size_holds_an_average_experts_rows(m, top_k, experts, exp
 
 
 @pytest.mark.parametrize("m, top_k, experts, expected", [
-    (64, 8, 128, 8), (129, 8, 128, 32), (192, 8, 128, 32), (256, 8, 128, 32), (512, 8, 128, 64), (256, 4, 32, 64),
-    (160, 2, 8, 64), (96, 2, 8, 32), (4096, 8, 8, 64),
+    (64, 8, 128, 8), (129, 8, 128, 32), (192, 8, 128, 32), (256, 8, 128, 32), (512, 8, 128, 48), (256, 4, 32, 48),
+    (160, 2, 8, 48), (176, 2, 8, 64), (96, 2, 8, 32), (4096, 8, 8, 64),
 ])
-def test_warp_specialised_layers_take_32_row_blocks_for_9_to_16_rows_and_64_for_48(m, top_k, experts, expected):
+def test_warp_specialised_layers_take_32_row_blocks_for_9_to_16_rows(m, top_k, experts, expected):
     assert layer.default_block_size(m, top_k, experts, warp_specialised=True) == expected
 
 

@@ -396,7 +396,7 @@ def test_every_m_and_top_k(cp, name, m, top_k):
         assert_rows(got, reference_rows(x, weight.w, routing, weight.bias, mul=True), TOLERANCE[weight.dtype])
 
 
-# On Hopper, blocks of 32 and 64 rows run the warp-specialised kernel where
+# On Hopper, blocks of 32, 48 and 64 rows run the warp-specialised kernel where
 # N >= 256 (4-bit formats, MXFP4 included; the last 256-column tile may be
 # partial) or 256 divides N (FP8); blocks of 16, FP8's partial shapes and
 # other GPUs run the 8-warp kernel, and this test checks that path instead.
@@ -408,7 +408,7 @@ WIDE_SHAPES = {
 
 
 @pytest.mark.parametrize("name", list(WEIGHT_CONFIGS))
-@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize("block", [16, 32, 48, 64])
 @pytest.mark.parametrize("shape", list(WIDE_SHAPES))
 def test_tall_routing_blocks_of_every_format(cp, name, block, shape):
     weight = make_weight(cp, name, WIDE_SHAPES[shape], experts=6)

@@ -86,6 +86,7 @@ __device__ __forceinline__ void fence_async_shared() {
   "{%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DESC ", p, 1, 1, 0;\n}\n"
 #define FERRUM_WGMMA_R0_7 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define FERRUM_WGMMA_R8_15 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define FERRUM_WGMMA_R8_23 ", %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23"
 #define FERRUM_WGMMA_R8_31 \
   ", %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
   "%24, %25, %26, %27, %28, %29, %30, %31"
@@ -114,6 +115,9 @@ __device__ __forceinline__ void fence_async_shared() {
 #define FERRUM_WGMMA_N32_TEXT(TYPE) \
   FERRUM_WGMMA_TEXT("m64n32k16", TYPE, FERRUM_WGMMA_R0_7 FERRUM_WGMMA_R8_15, 16, 17, 18, 19, 20, 21)
 #define FERRUM_WGMMA_N32_OUTS FERRUM_WGMMA_D0_1, FERRUM_WGMMA_D4(2), FERRUM_WGMMA_D4(3)
+#define FERRUM_WGMMA_N48_TEXT(TYPE) \
+  FERRUM_WGMMA_TEXT("m64n48k16", TYPE, FERRUM_WGMMA_R0_7 FERRUM_WGMMA_R8_23, 24, 25, 26, 27, 28, 29)
+#define FERRUM_WGMMA_N48_OUTS FERRUM_WGMMA_D0_1, FERRUM_WGMMA_D4(2), FERRUM_WGMMA_D4(3), FERRUM_WGMMA_D4(4), FERRUM_WGMMA_D4(5)
 #define FERRUM_WGMMA_N64_TEXT(TYPE) \
   FERRUM_WGMMA_TEXT("m64n64k16", TYPE, FERRUM_WGMMA_R0_7 FERRUM_WGMMA_R8_31, 32, 33, 34, 35, 36, 37)
 #define FERRUM_WGMMA_N64_OUTS FERRUM_WGMMA_D0_1, FERRUM_WGMMA_D2_7
@@ -129,7 +133,8 @@ __device__ __forceinline__ void fence_async_shared() {
 template <int N, bool Bf16>
 __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
                                            int keep_d = 1) {
-  static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 256, "MMA widths built: 16, 32, 64, 128 and 256");
+  static_assert(N == 16 || N == 32 || N == 48 || N == 64 || N == 128 || N == 256,
+                "MMA widths built: 16, 32, 48, 64, 128 and 256");
 #ifdef FERRUM_WGMMA_AVAILABLE
 #define FERRUM_WGMMA_ISSUE(NN)                                                                   \
   if constexpr (N == NN && Bf16)                                                                 \
@@ -138,6 +143,7 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t 
     asm volatile(FERRUM_WGMMA_N##NN##_TEXT("f16") : FERRUM_WGMMA_N##NN##_OUTS : FERRUM_WGMMA_INS);
   FERRUM_WGMMA_ISSUE(16)
   FERRUM_WGMMA_ISSUE(32)
+  FERRUM_WGMMA_ISSUE(48)
   FERRUM_WGMMA_ISSUE(64)
   FERRUM_WGMMA_ISSUE(128)
   FERRUM_WGMMA_ISSUE(256)
@@ -156,6 +162,7 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t 
 #undef FERRUM_WGMMA_TEXT
 #undef FERRUM_WGMMA_R0_7
 #undef FERRUM_WGMMA_R8_15
+#undef FERRUM_WGMMA_R8_23
 #undef FERRUM_WGMMA_R8_31
 #undef FERRUM_WGMMA_R32_63
 #undef FERRUM_WGMMA_R64_127
@@ -167,6 +174,8 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[N / 8][4], const uint32_t 
 #undef FERRUM_WGMMA_N16_OUTS
 #undef FERRUM_WGMMA_N32_TEXT
 #undef FERRUM_WGMMA_N32_OUTS
+#undef FERRUM_WGMMA_N48_TEXT
+#undef FERRUM_WGMMA_N48_OUTS
 #undef FERRUM_WGMMA_N64_TEXT
 #undef FERRUM_WGMMA_N64_OUTS
 #undef FERRUM_WGMMA_N128_TEXT

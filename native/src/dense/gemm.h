@@ -97,9 +97,10 @@ enum class NConfig {
   N128_K128_ROW_GROUPS,
   // Warp-specialised Hopper kernel (wide_kernel.cuh, sm_90a builds): 256 x 64
   // tiles (256 x 128 for 4-bit 16-row slabs), slabs of 16, 32, 64 or 128
-  // activation rows; 128 x 64 tiles, slabs of 256.
+  // activation rows (48: routed slabs only); 128 x 64 tiles, slabs of 256.
   WIDE_T16,
   WIDE_T32,
+  WIDE_T48,
   WIDE_T64,
   WIDE_T128,
   WIDE_T256,
@@ -107,7 +108,7 @@ enum class NConfig {
 
 // The warp-specialised Hopper kernel's tiles.
 constexpr bool is_wide(NConfig nc) {
-  return nc == NConfig::WIDE_T16 || nc == NConfig::WIDE_T32 || nc == NConfig::WIDE_T64 || nc == NConfig::WIDE_T128 ||
+  return nc == NConfig::WIDE_T16 || nc == NConfig::WIDE_T32 || nc == NConfig::WIDE_T48 || nc == NConfig::WIDE_T64 || nc == NConfig::WIDE_T128 ||
          nc == NConfig::WIDE_T256;
 }
 

@@ -762,7 +762,7 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
       W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args, launch, stage, a_map);
 }
 
-// Routed (fused-MoE) slabs of 32 or 64 rows: dequantisation mode, rows
+// Routed (fused-MoE) slabs of 32, 48 or 64 rows: dequantisation mode, rows
 // gathered. The slot depth must divide k; 4-bit weights may leave the last
 // column tile partial (n a multiple of 64), 8-bit weights may not.
 template <int Tokens, class F>
@@ -783,6 +783,7 @@ cudaError_t launch_wide_routed(int tokens, Args& args, const Launch& launch, int
   using F = Format<A, Wt>;
   switch (tokens) {
     case 32: return launch_wide_routed_tile<32, F>(args, launch, stage);
+    case 48: return launch_wide_routed_tile<48, F>(args, launch, stage);
     case 64: return launch_wide_routed_tile<64, F>(args, launch, stage);
     default: return cudaErrorInvalidValue;
   }

@@ -67,6 +67,7 @@ TileInfo wide_info() {
 
 TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
   if (nc == NConfig::WIDE_T32) return bits == 8 ? wide_info<32, 8>() : wide_info<32, 4>();
+  if (nc == NConfig::WIDE_T48) return bits == 8 ? wide_info<48, 8>() : wide_info<48, 4>();
   if (nc == NConfig::WIDE_T64) return bits == 8 ? wide_info<64, 8>() : wide_info<64, 4>();
   return bits == 8 ? info_bits<8>(m8, nc) : info_bits<4>(m8, nc);
 }
@@ -77,7 +78,7 @@ TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
 // tile where k >= 128, every other slab 256 x 64 tiles where n >= 256 (H200,
 // GPT-OSS-like M=256 in 32-row blocks: gate_up 365 -> 323 us against 128 x 128,
 // 48-row blocks 299 -> 278), a narrower N 128 x 128; a dimension shorter than
-// the tile takes the narrower one. On Hopper, blocks of 32 and 64 rows run
+// the tile takes the narrower one. On Hopper, blocks of 32, 48 and 64 rows run
 // the warp-specialised kernel (see routed_wide_config).
 bool routed_auto_config(int m8, int n, int k, bool hopper, WType w, NConfig* nc) {
   if (n % 64 != 0 || k % 64 != 0) return false;
@@ -90,7 +91,7 @@ bool routed_auto_config(int m8, int n, int k, bool hopper, WType w, NConfig* nc)
   return true;
 }
 
-// Blocks of 32 and 64 rows of every routed format: the 8-warp tiles are
+// Blocks of 32, 48 and 64 rows of every routed format: the 8-warp tiles are
 // compute-bound at those heights, the warpgroup MMAs are not (MXFP4 too:
 // H200, GPT-OSS-like M = 256, blocks of 64 239 + 132 us for gate_up + down
 // against 261 + 144 in the 8-warp kernel's blocks of 48). Its 64-deep slots
@@ -99,9 +100,9 @@ bool routed_auto_config(int m8, int n, int k, bool hopper, WType w, NConfig* nc)
 // whole slots were built and measured slower than the 8-warp kernel's
 // blocks of 8 from M = 1 to 64, Qwen-like and GPT-OSS-like: not kept.)
 bool routed_wide_config(int m8, int n, int k, WType w, NConfig* nc) {
-  if (m8 != 4 && m8 != 8) return false;
+  if (m8 != 4 && m8 != 6 && m8 != 8) return false;
   if (n < 256 || n % (weight_bits(w) == 4 ? 64 : 256) != 0 || k % 64 != 0) return false;
-  *nc = m8 == 4 ? NConfig::WIDE_T32 : NConfig::WIDE_T64;
+  *nc = m8 == 4 ? NConfig::WIDE_T32 : m8 == 6 ? NConfig::WIDE_T48 : NConfig::WIDE_T64;
   return true;
 }
 
