@@ -96,8 +96,8 @@ enum class NConfig {
   // 8, 16 or 64 rows.
   N128_K128_ROW_GROUPS,
   // Warp-specialised Hopper kernel (wide_kernel.cuh, sm_90a builds): 256 x 64
-  // tiles (256 x 128 for 4-bit 16-row slabs), slabs of 16, 32, 64 or 128
-  // activation rows (48: routed slabs only); 128 x 64 tiles, slabs of 256.
+  // tiles (256 x 128 for 4-bit 16-row slabs), slabs of 16, 32, 48, 64 or 128
+  // activation rows; 128 x 64 tiles, slabs of 256.
   WIDE_T16,
   WIDE_T32,
   WIDE_T48,

@@ -68,8 +68,8 @@ cudaError_t launch_routed(NConfig nc, Args& args, const Launch& launch, int* sta
 // per slab), one generated file per format.
 template <AType A, WType W>
 cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage);
-// Their routed (fused-MoE, sorted_token_ids) form for routing blocks of 32 or
-// 64 rows, one generated file per fused-MoE format.
+// Their routed (fused-MoE, sorted_token_ids) form for routing blocks of 32, 48
+// or 64 rows, one generated file per fused-MoE format.
 template <AType A, WType W>
 cudaError_t launch_wide_routed(int tokens, Args& args, const Launch& launch, int* stage);
 

@@ -49,6 +49,7 @@ TileInfo info_bits(int m8, NConfig nc) {
   switch (nc) {
     case NConfig::WIDE_T16: return info_wide<16, Bits>();
     case NConfig::WIDE_T32: return info_wide<32, Bits>();
+    case NConfig::WIDE_T48: return info_wide<48, Bits>();
     case NConfig::WIDE_T64: return info_wide<64, Bits>();
     case NConfig::WIDE_T128: return info_wide<128, Bits>();
     case NConfig::WIDE_T256: return info_wide<256, Bits>();
@@ -116,10 +117,15 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, WType w, bool 
     constexpr int64_t kActivationsInL2 = 32ll << 20;  // bytes
     if (m > 128 && static_cast<int64_t>(m) * k * 2 <= kActivationsInL2) return NConfig::WIDE_T256;
     if (m > 64) return NConfig::WIDE_T128;
+    // 33..48 rows: 48-row slabs drop a quarter of the 64-row MMA work
+    // (H200, m = 33..48: 3-6 % faster on 8192 x 28672 and 28672 x 8192,
+    // 2-4 % on the 4096-wide shapes, every weight type).
     // 17..32 rows: 32-row slabs halve the MMA work of 64-row ones; on long k
     // runs that pays (H200, m = 24..32: 3-7 % on k >= 8192), on k = 4096 with
     // wide n it cost 1-2 % (4096 x 14336, 4096 x 28672).
-    if (m > 16) return m > 32 || k < 8192 ? NConfig::WIDE_T64 : NConfig::WIDE_T32;
+    if (m > 48) return NConfig::WIDE_T64;
+    if (m > 32) return NConfig::WIDE_T48;
+    if (m > 16) return k < 8192 ? NConfig::WIDE_T64 : NConfig::WIDE_T32;
     // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
     // the 8-warp kernel; at 8 rows and below it is not faster), where its
     // whole slots fold their partials per group of 64 or more or

@@ -815,13 +815,14 @@ cudaError_t launch_wide_tile(Args& args, const Launch& launch, int* stage) {
   return cudaErrorInvalidValue;
 }
 
-// The wide kernels of one format: slabs of 16, 32, 64, 128 or 256 activation rows.
+// The wide kernels of one format: slabs of 16, 32, 48, 64, 128 or 256 activation rows.
 template <AType A, WType Wt>
 cudaError_t launch_wide(int tokens, Args& args, const Launch& launch, int* stage) {
   using F = Format<A, Wt>;
   switch (tokens) {
     case 16: return launch_wide_tile<16, F>(args, launch, stage);
     case 32: return launch_wide_tile<32, F>(args, launch, stage);
+    case 48: return launch_wide_tile<48, F>(args, launch, stage);
     case 64: return launch_wide_tile<64, F>(args, launch, stage);
     case 128: return launch_wide_tile<128, F>(args, launch, stage);
     case 256: return launch_wide_tile<256, F>(args, launch, stage);

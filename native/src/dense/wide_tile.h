@@ -23,10 +23,8 @@ struct WideTile {
   static_assert(Groups == 2 || (Groups == 3 && Tokens == 16), "three consumer warpgroups serve 16-row slabs");
   static_assert(!Gather || ((Tokens == 32 || Tokens == 48 || Tokens == 64) && Groups == 2 && !RowGroups),
                 "routed slabs: 32, 48 or 64 rows, dequantisation mode");
-  // 48 rows: routed slabs only (the seeds' moe_block_size 48).
-  static_assert(Tokens == 16 || Tokens == 32 || (Tokens == 48 && Gather) || Tokens == 64 || Tokens == 128 ||
-                    Tokens == 256,
-                "warpgroup MMA widths built: 16, 32, 48 (routed), 64, 128 and 256 tokens");
+  static_assert(Tokens == 16 || Tokens == 32 || Tokens == 48 || Tokens == 64 || Tokens == 128 || Tokens == 256,
+                "warpgroup MMA widths built: 16, 32, 48, 64, 128 and 256 tokens");
   static constexpr int m_rows = Tokens;  // activation rows per slab = MMA n
   static constexpr int m8 = Tokens / 8;
   static constexpr int chunks_per_group = Tokens == 256 ? 1 : 2;  // dequantisation mode
