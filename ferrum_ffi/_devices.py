@@ -119,7 +119,7 @@ def allocate(
         with torch.cuda.device(device), on_stream:
             return torch.empty(shape, dtype=torch_dtype, device=f"cuda:{device}")
     cupy = cupy_module()
-    with cupy.cuda.Device(device), _cupy_stream(cupy, stream):
+    with cupy.cuda.Device(device), _cupy_stream(cupy, stream, device):
         if is_bfloat16(dtype):
             try:
                 return cupy.empty(shape, dtype=dtype)
@@ -128,14 +128,28 @@ def allocate(
         return cupy.empty(shape, dtype=dtype)
 
 
-def _cupy_stream(cupy, stream: int | None):
+class _RawStream:
+    """A raw ``cudaStream_t`` handle in the CUDA stream protocol."""
+
+    def __init__(self, handle: int) -> None:
+        self._handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self._handle)
+
+
+def _cupy_stream(cupy, stream: int | None, device: int):
     import contextlib
 
     if stream is None:
         return contextlib.nullcontext()
     if stream in (0, 1):
         return cupy.cuda.Stream.null
-    return cupy.cuda.ExternalStream(stream)
+    # CuPy 14 deprecates ExternalStream for Stream.from_external (the stream protocol).
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_RawStream(stream))
+    return cupy.cuda.ExternalStream(stream, device)
 
 
 def prepare_stream(stream: Any, views: Sequence[DeviceArray]) -> int:

@@ -91,7 +91,7 @@ def check_align(cp, topk_ids: np.ndarray, num_experts: int, block_size: int, exp
         np.testing.assert_array_equal(g.get(), e, err_msg=f"{name}: {what}")
 
 
-@pytest.mark.parametrize("num_experts, block_size", itertools.product((8, 64, 128), (8, 16, 32, 48, 64)))
+@pytest.mark.parametrize("num_experts, block_size", list(itertools.product((8, 64, 128), (8, 16, 32, 48, 64))))
 def test_align_grid(cp, num_experts, block_size):
     rng = np.random.default_rng(num_experts * 100 + block_size)
     for m, top_k, mapped in itertools.product((1, 4, 16, 64, 512), (1, 2, 8), (False, True)):

@@ -75,7 +75,7 @@ def test_flags_other_than_1_are_off(name, value):
     assert config == RuntimeConfig()
 
 
-@pytest.mark.parametrize("flag, field", zip(ENV_NAMES[:3], ("profile", "skip_ws_zero", "trace_shapes")))
+@pytest.mark.parametrize("flag, field", list(zip(ENV_NAMES[:3], ("profile", "skip_ws_zero", "trace_shapes"))))
 def test_each_flag_alone(flag, field):
     config = RuntimeConfig.from_env({flag: "1"})
     assert getattr(config, field)
