@@ -288,18 +288,31 @@ template <class F, int M8, bool CorrectionInPartials = false>
 __device__ __forceinline__ void fold_images(float (&acc)[4][M8][4], const float (&part)[4][M8][4],
                                             const float (&corr)[M8][4], const uint32_t (&scale_pairs)[4],
                                             uint32_t zero_word) {
+  // Zero points: s (E + z) is exact in fp32 (11 by 11 bits), and its
+  // products with the corrections need no partials, so they can issue while
+  // the window's last MMAs are still in flight; only one FMA per value waits
+  // for them (as without zero points).
+  if constexpr (F::zero_points) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const float2 s = F::N::to_float2(scale_pairs[t]);
+      const float2 ez = F::N::to_float2(F::zero_pair(zero_word, t));  // E + z
+      const float2 sez = make_float2(s.x * ez.x, s.y * ez.y);
+#pragma unroll
+      for (int j = 0; j < M8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][j][e] = fmaf(e < 2 ? sez.x : sez.y, corr[j][e], acc[t][j][e]);
+    }
+  }
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const float2 s = F::N::to_float2(scale_pairs[t]);
-    [[maybe_unused]] float2 ez = make_float2(0.f, 0.f);
-    if constexpr (F::zero_points) ez = F::N::to_float2(F::zero_pair(zero_word, t));  // E + z
 #pragma unroll
     for (int j = 0; j < M8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float v = part[t][j][e];
         if constexpr (F::const_correction && !CorrectionInPartials) v += corr[j][e];
-        if constexpr (F::zero_points) v = fmaf(e < 2 ? ez.x : ez.y, corr[j][e], v);
         acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[t][j][e]);
       }
   }
