@@ -12,6 +12,15 @@ namespace {
 constexpr int kGatherThreads = 256;
 constexpr int kColumnsPerThread = 8;  // one 16-byte store
 
+// Columns p[0..7] of one row, packed for a 16-byte store. An index outside
+// the row reads column 0 (perm's values are the caller's: never out of bounds).
+__device__ __forceinline__ uint4 gather8(const uint16_t* row, unsigned columns, const int (&p)[kColumnsPerThread]) {
+  uint32_t v[kColumnsPerThread];
+#pragma unroll
+  for (int e = 0; e < kColumnsPerThread; ++e) v[e] = row[static_cast<unsigned>(p[e]) < columns ? p[e] : 0];
+  return make_uint4(v[0] | v[1] << 16, v[2] | v[3] << 16, v[4] | v[5] << 16, v[6] | v[7] << 16);
+}
+
 // One thread per 8 consecutive columns of one row. Its eight perm entries and
 // then its eight 2-byte reads are issued back to back (restrict: no store in
 // between may alias them), so the gather costs two dependent round trips, not
@@ -29,12 +38,7 @@ __global__ void __launch_bounds__(kGatherThreads)
   int p[kColumnsPerThread];
 #pragma unroll
   for (int e = 0; e < kColumnsPerThread; ++e) p[e] = __ldg(perm + j + e);
-  uint32_t v[kColumnsPerThread];
-#pragma unroll
-  for (int e = 0; e < kColumnsPerThread; ++e)
-    v[e] = src[static_cast<unsigned>(p[e]) < columns ? p[e] : 0];
-  const uint4 packed = make_uint4(v[0] | v[1] << 16, v[2] | v[3] << 16, v[4] | v[5] << 16, v[6] | v[7] << 16);
-  *reinterpret_cast<uint4*>(out + static_cast<size_t>(blockIdx.y) * k + j) = packed;
+  *reinterpret_cast<uint4*>(out + static_cast<size_t>(blockIdx.y) * k + j) = gather8(src, columns, p);
 }
 
 // Tall activations: one block per row stages the row in shared memory with
@@ -63,10 +67,7 @@ __global__ void __launch_bounds__(kStagedThreads)
     const int4 lo = __ldg(perm8 + 2 * i);
     const int4 hi = __ldg(perm8 + 2 * i + 1);
     const int p[kColumnsPerThread] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    uint32_t v[kColumnsPerThread];
-#pragma unroll
-    for (int e = 0; e < kColumnsPerThread; ++e) v[e] = row[static_cast<unsigned>(p[e]) < columns ? p[e] : 0];
-    dst[i] = make_uint4(v[0] | v[1] << 16, v[2] | v[3] << 16, v[4] | v[5] << 16, v[6] | v[7] << 16);
+    dst[i] = gather8(row, columns, p);
   }
 }
 

@@ -712,6 +712,11 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   zero_acc();
   int c_kt = u_begin % k_tiles;  // k tile of the unit being computed
   bool c_dead = false;           // its slab is skipped (routed launches)
+  // This warp's chunk lies past N in the unit's column tile (routed launches'
+  // partial last tile: zero-filled weights whose columns are never stored), so
+  // the warp leaves its accumulators at zero and the SM's issue slots to the
+  // others. wgmma tiles multiply per warpgroup and divide N anyway.
+  bool c_idle = false;
   [[maybe_unused]] int c_col = 0;  // its column tile (row groups only)
   int slot = 0;
   int fetch_slot = T::stages - 1;
@@ -727,14 +732,16 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     fetch_slot = fetch_slot == T::stages - 1 ? 0 : fetch_slot + 1;
     if constexpr (R != Route::Dense) {
       if (c_kt == 0 || i == 0) {
-        const int slab = (u_begin + i) / k_tiles / n_tiles;
+        const int col = (u_begin + i) / k_tiles;
+        const int slab = col / n_tiles;
         c_dead = R == Route::Sorted ? slab >= slabs || expert_of(slab) < 0 : slab_dead(slab);
+        if constexpr (!T::wgmma) c_idle = (col - slab * n_tiles) * T::n_chunks + warp_n >= p.n / 64;
       }
     }
     if constexpr (kRowGroups) {
       if (c_kt == 0 || i == 0) c_col = (u_begin + i) / k_tiles % n_tiles;
     }
-    if (!c_dead) compute_stage(slot, c_col);
+    if (!c_dead && !c_idle) compute_stage(slot, c_col);
     slot = slot == T::stages - 1 ? 0 : slot + 1;
     if (c_kt == k_tiles - 1 || i == count - 1) finish_column(u_begin + i, c_dead);
     c_kt = c_kt == k_tiles - 1 ? 0 : c_kt + 1;
