@@ -12,8 +12,8 @@ namespace {
 constexpr int kGatherThreads = 256;
 constexpr int kColumnsPerThread = 8;  // one 16-byte store
 
-// Columns p[0..7] of one row, packed for a 16-byte store. An index outside
-// the row reads column 0 (perm's values are the caller's: never out of bounds).
+// Columns p[0..7] of one row, packed for a 16-byte store. perm comes from the
+// caller: an index outside the row reads column 0, so no read leaves the row.
 __device__ __forceinline__ uint4 gather8(const uint16_t* row, unsigned columns, const int (&p)[kColumnsPerThread]) {
   uint32_t v[kColumnsPerThread];
 #pragma unroll
