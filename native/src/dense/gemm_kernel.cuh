@@ -26,6 +26,7 @@
 #include "../core/formats.cuh"
 #include "../core/ptx.cuh"
 #include "../core/tile.cuh"
+#include "../core/timeline_probe.cuh"
 #include "../core/wgmma.cuh"
 #include "column_epilogue.cuh"
 #include "ferrum_marlin.h"
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   int& sh_last = *reinterpret_cast<int*>(sh_red + T::m_rows * T::red_stride);
 
   const int tid = threadIdx.x;
+  FERRUM_TIMELINE(probe::Timeline timeline; timeline.stamp(probe::kEntry);)
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int warp_n = warp % T::warps_n;
@@ -84,6 +86,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // Blocks past the work exit.
   Stripes stripes;
   if (!stripes_of<R>(p, T::m_rows, n_tiles, k_tiles, stripes)) return;
+  FERRUM_TIMELINE(timeline.stamp(probe::kRouted);)
   const int slabs = stripes.slabs, iters = stripes.iters, range = stripes.range, u_begin = stripes.u_begin,
             count = stripes.count;
   [[maybe_unused]] const int used_ids = stripes.used_ids;
@@ -681,6 +684,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       }
       __syncthreads();
     }
+    FERRUM_TIMELINE(timeline.stamp(probe::kReduced);)
     // A skipped slab computed nothing (its accumulators are still zero): it
     // stores nothing and touches no lock. Its accumulators still pass through
     // sh_red above: a path that skipped them made the compiler copy all of
@@ -704,11 +708,13 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     // Settled routing skipped enter_chain: the next kernel may start now.
     if constexpr (R == Route::Sorted) ptx::griddep_launch_dependents();
   }
+  FERRUM_TIMELINE(timeline.stamp(probe::kSought);)
 #pragma unroll
   for (int i = 0; i < T::stages - 1; ++i) {
     if (i < count) load_stage(i);
     ptx::cp_async_commit();
   }
+  FERRUM_TIMELINE(timeline.stamp(probe::kIssued);)
   zero_acc();
   int c_kt = u_begin % k_tiles;  // k tile of the unit being computed
   bool c_dead = false;           // its slab is skipped (routed launches)
@@ -722,9 +728,11 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   int fetch_slot = T::stages - 1;
 #pragma unroll 1
   for (int i = 0; i < count; ++i) {
+    FERRUM_TIMELINE(timeline.wait_begins();)
     ptx::cp_async_wait<T::stages - 2>();
     if constexpr (T::wgmma) wgmma::fence_async_shared();
     __syncthreads();
+    FERRUM_TIMELINE(timeline.wait_ends(i == 0);)
     // The slot refilled here was consumed in iteration i-1, which every warp
     // finished before the barrier above.
     if (i + T::stages - 1 < count) load_stage(fetch_slot);
@@ -743,10 +751,12 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     }
     if (!c_dead && !c_idle) compute_stage(slot, c_col);
     slot = slot == T::stages - 1 ? 0 : slot + 1;
+    FERRUM_TIMELINE(if (i == count - 1) timeline.stamp(probe::kComputed);)
     if (c_kt == k_tiles - 1 || i == count - 1) finish_column(u_begin + i, c_dead);
     c_kt = c_kt == k_tiles - 1 ? 0 : c_kt + 1;
   }
   ptx::cp_async_wait<0>();
+  FERRUM_TIMELINE(timeline.stamp(probe::kEnd); timeline.report(count, T::n_tile, T::k_tile, p.n, p.k);)
 }
 
 template <class T, class F, Groups G, Route R>
