@@ -1,9 +1,10 @@
 // Per-block timelines of the 8-warp kernel, for builds with the CMake option
 // FERRUM_TIMELINE_PROBE (a diagnostic; off by default, and then every use
-// below compiles to nothing). Thread 0 of each working block reads the GPU's
-// global timer (ns) at the points of Point and prints one line when the
-// block ends; scripts/timeline_probe.py runs the cases and summarises the
-// phases. printf moves the block's end (and the next kernel's start), not
+// below compiles to nothing). Thread 0 of each block that gets a stripe
+// reads the GPU's global timer (ns) at the points of Point and prints one
+// line when the block ends (blocks past the work print 0 or fewer units);
+// scripts/timeline_probe.py runs the cases and summarises the phases of the
+// blocks with units. printf moves the block's end (and the next kernel's start), not
 // the stamps taken before it.
 #pragma once
 
