@@ -51,6 +51,9 @@ FERRUM_MM_C_TMP_FLOATS_PER_SM = 65536
 # owning up to two moe_block_size x 256 fp32 tiles).
 FERRUM_MOE_WORKSPACE_INTS_PER_SM = 4
 FERRUM_MOE_C_TMP_FLOATS_PER_SM_PER_ROW = 1024
+# routing_flags bits of the fused-MoE layer entries (the _ex variants).
+FERRUM_MOE_ROUTING_SETTLED = 0x1
+FERRUM_MOE_ROUTING_DIRECT = 0x2
 
 MM_FLAGS_KNOWN = (
     FERRUM_MM_FLAG_ACT_ORDER

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from .status import LibraryError, NativeError, StagedNativeStatus
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIBRARY_NAME = "libferrum_marlin.so"
 ENV_LIBRARY = "FERRUM_MARLIN_LIBRARY"
 
@@ -110,7 +110,7 @@ _MOE_LAYER_ARGS: list[object] = [
     ctypes.c_int,  # add_rows_div
     ctypes.c_void_p,  # clear
     ctypes.c_size_t,  # clear_bytes
-    ctypes.c_int,  # routing_settled
+    ctypes.c_int,  # routing_flags (FERRUM_MOE_ROUTING_*)
 ]
 
 _ALIGN_ARGS: list[object] = [
@@ -181,7 +181,7 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "ferrum_vllm_marlin_moe_f16": (ctypes.c_int, _VLLM_MOE_F16_ARGS),
     "ferrum_vllm_marlin_moe_fp8_f16": (ctypes.c_int, _VLLM_MOE_F16_ARGS),
     "ferrum_vllm_marlin_moe_mxfp4_bf16": (ctypes.c_int, _VLLM_MOE_MXFP4_ARGS),
-    # The layer variants: the same arguments, then add_rows_div, clear, clear_bytes, routing_settled.
+    # The layer variants: the same arguments, then add_rows_div, clear, clear_bytes, routing_flags.
     "ferrum_vllm_marlin_moe_f16_ex": (ctypes.c_int, _VLLM_MOE_F16_ARGS + _MOE_LAYER_ARGS),
     "ferrum_vllm_marlin_moe_fp8_f16_ex": (ctypes.c_int, _VLLM_MOE_F16_ARGS + _MOE_LAYER_ARGS),
     "ferrum_vllm_marlin_moe_mxfp4_bf16_ex": (ctypes.c_int, _VLLM_MOE_MXFP4_ARGS + _MOE_LAYER_ARGS),

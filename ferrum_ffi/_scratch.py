@@ -119,16 +119,22 @@ def scratch_for(
         return scratch
 
 
-def scratch_array(device: int, stream: int, like: Any, name: str, count: int, dtype: np.dtype | type) -> Any:
+def scratch_array(device: int, stream: int, like: Any, name: str, count: int, dtype: np.dtype | type,
+                  zeroed: bool = False) -> Any:
     """The ``(device, stream)`` buffer ``name`` of ``dtype``: a 1-D array of at
-    least ``count`` elements (contents undefined), grown on demand in the
-    library of ``like``. Take views of it with :func:`shaped`."""
+    least ``count`` elements, grown on demand in the library of ``like``. Take
+    views of it with :func:`shaped`. Contents undefined, or with ``zeroed``
+    zero once (re)allocated (on ``stream``, before any kernel that reads it):
+    every user of such a buffer leaves it zero again, like the workspace."""
     dtype = np.dtype(dtype)
     if isinstance(like, Bfloat16Array):
         like = like.base  # allocate in the storage's library; allocate() wraps bfloat16 itself
     with _lock:
         buffer = _arrays.setdefault(_key(device, stream) + (name, dtype.name), _Buffer())
-        _grow(buffer, count * dtype.itemsize, dtype, like, device, stream)
+        if _grow(buffer, count * dtype.itemsize, dtype, like, device, stream) and zeroed:
+            lib = library()
+            lib.check("ferrum_marlin_memset_async",
+                      lib.ferrum_marlin_memset_async(buffer.ptr, 0, buffer.nbytes, stream))
         return buffer.array
 
 

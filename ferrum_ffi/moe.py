@@ -22,6 +22,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ._abi import FERRUM_MOE_ROUTING_DIRECT as ROUTING_DIRECT
+from ._abi import FERRUM_MOE_ROUTING_SETTLED as ROUTING_SETTLED
 from ._devices import bfloat16_dtype, device_of, prepare_stream
 from ._interop import DeviceArray, as_device_array, resolve_stream
 from ._native import NativeCall, library
@@ -143,7 +145,8 @@ def _clear_bytes(entry: str, buffers: _Buffers, clear_bytes: int | None) -> int:
 def _layer_args(launch: MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch) -> tuple:
     """The ``_ex`` entry points' last arguments (none for the plain ones)."""
     if launch.entry_point.endswith("_ex"):
-        return (launch.add_rows_div, launch.clear, launch.clear_bytes, int(launch.routing_settled))
+        flags = (ROUTING_SETTLED if launch.routing_settled else 0) | (ROUTING_DIRECT if launch.direct_routing else 0)
+        return (launch.add_rows_div, launch.clear, launch.clear_bytes, flags)
     return ()
 
 
@@ -190,6 +193,7 @@ def launch_marlin_moe(
     clear: Any = None,
     clear_bytes: int | None = None,
     routing_settled: bool = False,
+    direct_routing: bool = False,
 ) -> None:
     """The fused FP16 MoE GEMM (vLLM ``marlin_moe_wna16`` convention): INT4
     (``weight_type=U4B8``; with ``zero_points`` the asymmetric U4 form) or FP8
@@ -215,7 +219,13 @@ def launch_marlin_moe(
     all of an array by default) is zeroed by this launch for the next one;
     ``routing_settled``: the routing arrays and ``topk_weights`` were written
     before the stream's previous kernel, only ``a`` by it -- the launch reads
-    them while that kernel finishes (no ``clear`` then).
+    them while that kernel finishes (and clears once it is done);
+    ``direct_routing``: no align step -- ``sorted_token_ids`` and
+    ``num_tokens_past_padded`` are None, ``expert_ids`` holds the expert of
+    each of the ``prob_m * top_k`` routed rows (``topk_ids`` as the router
+    wrote them) and each row is a slab of its own (``moe_block_size`` 8); every
+    row streams its expert's weights, so it pays when the rows name distinct
+    experts (a decode step's single token).
     """
     marlin_moe_call(
         a=a, b=b, c=c, scales=scales, workspace=workspace, sorted_token_ids=sorted_token_ids, expert_ids=expert_ids,
@@ -224,6 +234,7 @@ def launch_marlin_moe(
         c_tmp=c_tmp, topk_weights=topk_weights, mul_topk_weights=mul_topk_weights, is_ep=is_ep,
         use_fp32_reduce=use_fp32_reduce, expert_count=expert_count, device=device, stream=stream, spans=spans,
         add_rows_div=add_rows_div, clear=clear, clear_bytes=clear_bytes, routing_settled=routing_settled,
+        direct_routing=direct_routing,
     ).run(library())
 
 
@@ -258,6 +269,7 @@ def marlin_moe_call(
     clear: Any = None,
     clear_bytes: int | None = None,
     routing_settled: bool = False,
+    direct_routing: bool = False,
 ) -> NativeCall:
     """:func:`launch_marlin_moe` up to its native call, which it returns
     (arguments ``a``, ``c`` and ``topk_weights`` first, third and eleventh)."""
@@ -279,7 +291,7 @@ def marlin_moe_call(
         is_ep=is_ep, has_zero_points=zero_points is not None, device_ordinal=0 if device is None else device,
         use_atomic_add=not use_fp32_reduce, use_fp32_reduce=use_fp32_reduce, expert_count=expert_count,
         add_rows_div=add_rows_div, clear=p["clear"], clear_bytes=_clear_bytes(entry, buffers, clear_bytes),
-        routing_settled=routing_settled,
+        routing_settled=routing_settled, direct_routing=direct_routing,
     )
     launch.validate()  # every rule that needs no device query
     launch = replace(launch, device_ordinal=buffers.device(entry, device))
@@ -331,6 +343,7 @@ def launch_marlin_moe_mxfp4_bf16(
     clear: Any = None,
     clear_bytes: int | None = None,
     routing_settled: bool = False,
+    direct_routing: bool = False,
 ) -> None:
     """The fused BF16 x MXFP4 MoE GEMM (GPT-OSS experts), every rule checked
     before the native call. As :func:`launch_marlin_moe`, except: ``a``, ``c``
@@ -344,6 +357,7 @@ def launch_marlin_moe_mxfp4_bf16(
         group_size=group_size, c_tmp=c_tmp, topk_weights=topk_weights, mul_topk_weights=mul_topk_weights,
         is_ep=is_ep, use_fp32_reduce=use_fp32_reduce, device=device, stream=stream, spans=spans,
         add_rows_div=add_rows_div, clear=clear, clear_bytes=clear_bytes, routing_settled=routing_settled,
+        direct_routing=direct_routing,
     ).run(library())
 
 
@@ -377,6 +391,7 @@ def marlin_moe_mxfp4_bf16_call(
     clear: Any = None,
     clear_bytes: int | None = None,
     routing_settled: bool = False,
+    direct_routing: bool = False,
 ) -> NativeCall:
     """:func:`launch_marlin_moe_mxfp4_bf16` up to its native call, which it
     returns (arguments as :func:`marlin_moe_call`'s)."""
@@ -400,6 +415,7 @@ def marlin_moe_mxfp4_bf16_call(
         device_ordinal=0 if device is None else device, use_atomic_add=not use_fp32_reduce,
         use_fp32_reduce=use_fp32_reduce, add_rows_div=add_rows_div, clear=p["clear"],
         clear_bytes=_clear_bytes(entry, buffers, clear_bytes), routing_settled=routing_settled,
+        direct_routing=direct_routing,
     )
     launch.validate()  # every rule that needs no device query
     launch = replace(launch, device_ordinal=buffers.device(entry, device))

@@ -13,6 +13,10 @@ The down GEMM reuses the routing of the gate/up GEMM: with ``top_k = 1`` and
 ``prob_m = M*top_k`` the ids ``t = token*top_k + slot`` name the rows of
 ``activated`` directly, and the padding id ``M*top_k`` is still past the
 last row. The routing count stays on the device (the kernels read it).
+In atomic mode (the default) the GEMMs add their partials into zeroed
+outputs and the down GEMM sums each token's rows itself (no moe_sum), and a
+single token (decode) skips the align kernel: both GEMMs read ``topk_ids``
+as the expert of each routed row (direct routing, :func:`_direct_routing`).
 
 Every rule of every native call is checked before the first of them. Scratch
 (routing arrays, intermediates, the lock workspace and ``c_tmp``) is cached
@@ -305,7 +309,7 @@ def _output(out: Any, hidden: Any, call: _Call, n: int, dtype: np.dtype) -> tupl
 
 # Where the caller's values go among the native arguments (prototype order,
 # _native.PROTOTYPES; the ``*_call`` builders name these positions) ...
-_GEMM_A, _GEMM_C, _GEMM_TOPK_WEIGHTS = 0, 2, 10  # both fused-MoE GEMM signatures
+_GEMM_A, _GEMM_C, _GEMM_EXPERT_IDS, _GEMM_TOPK_WEIGHTS = 0, 2, 8, 10  # both fused-MoE GEMM signatures
 _GEMM_CLEAR = -3  # the _ex variants: add_rows_div, clear, clear_bytes, routing_settled come last
 _ALIGN_TOPK_IDS, _ALIGN_EXPERT_MAP = 0, 5
 _SWIGLU_ALPHA, _SWIGLU_LIMIT = 5, 6
@@ -329,6 +333,9 @@ class _Plan:
 
     steps: tuple[_Step, ...]
     scratch: tuple[Any, ...]
+    # Direct routing: the memset that restores the zero-kept gate/up output
+    # when a step fails (the down GEMM that clears it may not run).
+    restore: NativeCall | None = None
 
     def run(self, lib: Any, values: tuple) -> None:
         for function, args, slots, entry, shape in self.steps:
@@ -338,6 +345,8 @@ class _Plan:
                     args[position] = values[value]
             code = function(*args)
             if code:
+                if self.restore is not None:
+                    getattr(lib, self.restore.entry)(*self.restore.args)
                 lib.check(entry, code, shape)
 
 
@@ -473,43 +482,57 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
     c_tmp_floats = max(rows * max(w13.n, w2.n), moe_c_tmp_floats(call.block_size, sms)) if fp32_reduce else 0
     shared = scratch_for(device, handle, hidden, workspace_bytes=4 * moe_workspace_ints(sms),
                          c_tmp_bytes=4 * c_tmp_floats)
-    sorted_capacity, blocks = align_capacity(call.m, call.top_k, call.num_experts, call.block_size)
+    adds_out = _adds_out(call, fp32_reduce, out_view)
+    direct = _direct_routing(call, adds_out)
 
-    def buffer(name: str, shape: tuple[int, ...], kind: np.dtype) -> Any:
-        return shaped(scratch_array(device, handle, hidden, f"fused_moe.{name}", math.prod(shape), kind), shape)
+    def buffer(name: str, shape: tuple[int, ...], kind: np.dtype, zeroed: bool = False) -> Any:
+        return shaped(scratch_array(device, handle, hidden, f"fused_moe.{name}", math.prod(shape), kind, zeroed),
+                      shape)
 
-    routing = (buffer("sorted_token_ids", (sorted_capacity,), _INT32), buffer("expert_ids", (blocks,), _INT32),
-               buffer("num_tokens_post_padded", (1,), _INT32))
-    # The gate/up output is dead once activated, so the down output reuses its storage.
-    gemm_rows = scratch_array(device, handle, hidden, "fused_moe.gemm_out", rows * max(w13.n, w2.n), dtype)
+    if direct:
+        # No align kernel: routed row t is slab t of expert topk_ids[t] (the
+        # caller's array, filled in per call). The gate/up output lives in a
+        # buffer kept zero between calls: the down GEMM clears it once the
+        # activation has read it.
+        routing = (None, topk_ids, None)
+        gemm_rows = buffer("gate_up_zeroed", (rows * w13.n,), dtype, zeroed=True)
+    else:
+        sorted_capacity, blocks = align_capacity(call.m, call.top_k, call.num_experts, call.block_size)
+        routing = (buffer("sorted_token_ids", (sorted_capacity,), _INT32), buffer("expert_ids", (blocks,), _INT32),
+                   buffer("num_tokens_post_padded", (1,), _INT32))
+        # The gate/up output is dead once activated, so the down output reuses its storage.
+        gemm_rows = scratch_array(device, handle, hidden, "fused_moe.gemm_out", rows * max(w13.n, w2.n), dtype)
     gate_up = shaped(gemm_rows, (rows, w13.n))
     activated = buffer("activated", (rows, w2.k), dtype)
     workspace = shared.workspace.array
     c_tmp = shared.c_tmp.array if fp32_reduce else None
     is_ep = call.expert_map is not None
-    # The down GEMM's routing was written two kernels before it (by align): it
-    # reads it and prefetches its first weights while the activation runs.
-    # Atomic mode: the align kernel zeroes the gate/up output and the gate/up
-    # GEMM out, and each GEMM adds its partials (the down GEMM every routed
-    # row, times its top-k weight, into its token's row of out): no locks, no
-    # moe_sum; rows of other ranks' experts add nothing. fp32 reduce keeps the
-    # fixed order: rows through gemm_rows, then moe_sum (with top_k = 1 the
-    # down GEMM stores out directly).
-    adds_out = _adds_out(call, fp32_reduce, out_view)
+    # The down GEMM's routing was written two kernels before it (by align, or
+    # by the router): it reads it and prefetches its first weights while the
+    # activation runs.
+    # Atomic mode: align (direct routing: the previous call's down GEMM) zeroes
+    # the gate/up output and the gate/up GEMM out, and each GEMM adds its
+    # partials (the down GEMM every routed row, times its top-k weight, into its
+    # token's row of out): no locks, no moe_sum; rows of other ranks' experts add
+    # nothing. fp32 reduce keeps the fixed order: rows through gemm_rows, then
+    # moe_sum (with top_k = 1 the down GEMM stores out directly).
     top1 = call.top_k == 1
     down_writes_out = top1 or adds_out
     down = out if down_writes_out else shaped(gemm_rows, (rows, w2.n))
     writes_out = ((_GEMM_C, _OUT),) if down_writes_out else ()
+    ids_slot = ((_GEMM_EXPERT_IDS, _TOPK_IDS),) if direct else ()
 
-    steps = [
+    gemm_common = dict(routing=routing, workspace=workspace, c_tmp=c_tmp, block_size=call.block_size, is_ep=is_ep,
+                       stream=handle, direct_routing=direct)
+    steps = [] if direct else [
         _step(lib, align_call(topk_ids, call.num_experts, call.block_size, expert_map, routing, handle,
                               clear=as_device_array(gate_up, "gate_up") if adds_out else None)[1],
               (_ALIGN_TOPK_IDS, _TOPK_IDS), *(((_ALIGN_EXPERT_MAP, _EXPERT_MAP),) if is_ep else ())),
-        _step(lib, _gemm(w13, a=hidden, c=gate_up, routing=routing, workspace=workspace, c_tmp=c_tmp,
-                         prob_m=call.m, top_k=call.top_k, block_size=call.block_size, is_ep=is_ep, stream=handle,
-                         add_rows_div=1 if adds_out else 0, clear=out if adds_out else None),
-              (_GEMM_A, _HIDDEN), *(((_GEMM_CLEAR, _OUT),) if adds_out else ())),
     ]
+    steps.append(
+        _step(lib, _gemm(w13, a=hidden, c=gate_up, prob_m=call.m, top_k=call.top_k,
+                         add_rows_div=1 if adds_out else 0, clear=out if adds_out else None, **gemm_common),
+              (_GEMM_A, _HIDDEN), *ids_slot, *(((_GEMM_CLEAR, _OUT),) if adds_out else ())))
     if activation == "silu":
         steps.append(_step(lib, silu_and_mul_call(gate_up, activated, handle)[1]))
     else:
@@ -521,23 +544,37 @@ def _plan(hidden: Any, w13: MarlinMoeWeight, w2: MarlinMoeWeight, topk_weights: 
         down_view = out_view if top1 else as_device_array(down, "down")
         zero = NativeCall("ferrum_marlin_memset_async", (down_view.ptr, 0, down_view.nbytes, handle))
         steps.append(_step(lib, zero, *(((_MEMSET_PTR, _OUT),) if top1 else ())))
-    steps.append(_step(lib, _gemm(w2, a=activated, c=down, routing=routing, workspace=workspace, c_tmp=c_tmp,
-                                  prob_m=rows, top_k=1, block_size=call.block_size, is_ep=is_ep, stream=handle,
-                                  topk_weights=topk_weights, add_rows_div=call.top_k if adds_out else 0,
-                                  routing_settled=True),
-                       (_GEMM_TOPK_WEIGHTS, _TOPK_WEIGHTS), *writes_out))
+    steps.append(_step(lib, _gemm(w2, a=activated, c=down, prob_m=rows, top_k=1, topk_weights=topk_weights,
+                                  add_rows_div=call.top_k if adds_out else 0, routing_settled=True,
+                                  clear=gate_up if direct else None, **gemm_common),
+                       (_GEMM_TOPK_WEIGHTS, _TOPK_WEIGHTS), *ids_slot, *writes_out))
     if not down_writes_out:
         steps.append(_step(lib, moe_sum_call(down, call.top_k, out, handle)[1], (_SUM_OUT, _OUT)))
-    return _Plan(steps=tuple(steps), scratch=(workspace, c_tmp, gemm_rows, activated) + routing)
+    restore = None
+    if direct:
+        gate_up_view = as_device_array(gate_up, "gate_up")
+        restore = NativeCall("ferrum_marlin_memset_async", (gate_up_view.ptr, 0, gate_up_view.nbytes, handle))
+    scratch = (workspace, c_tmp, gemm_rows, activated) + (() if direct else routing)
+    return _Plan(steps=tuple(steps), scratch=scratch, restore=restore)
+
+
+def _direct_routing(call: _Call, adds_out: bool) -> bool:
+    """Whether a layer call skips the align kernel (FERRUM_MOE_ROUTING_DIRECT):
+    one token in atomic mode without an expert map, whose top_k rows name
+    distinct experts for any router, so that direct slabs stream no expert
+    twice (H200, Qwen3-30B-A3B-like layer, M = 1: the align kernel cost about
+    3 us of 25.5 us in the chain)."""
+    return call.m == 1 and adds_out and call.expert_map is None and call.block_size == 8
 
 
 def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, Any], workspace: Any,
           c_tmp: Any, prob_m: int, top_k: int, block_size: int, is_ep: bool, stream: int,
           topk_weights: Any = None, add_rows_div: int = 0, clear: Any = None,
-          routing_settled: bool = False) -> NativeCall:
+          routing_settled: bool = False, direct_routing: bool = False) -> NativeCall:
     """The checked call of one fused-MoE GEMM of ``weight``'s kind;
-    ``topk_weights`` given: rows scaled by them; ``add_rows_div``, ``clear``
-    and ``routing_settled`` as :func:`~ferrum_ffi.moe.launch_marlin_moe` has them."""
+    ``topk_weights`` given: rows scaled by them; ``add_rows_div``, ``clear``,
+    ``routing_settled`` and ``direct_routing`` as
+    :func:`~ferrum_ffi.moe.launch_marlin_moe` has them."""
     sorted_ids, expert_ids, count = routing
     common = dict(
         a=a, b=weight.qweight, c=c, scales=weight.scales, workspace=workspace, sorted_token_ids=sorted_ids,
@@ -545,7 +582,7 @@ def _gemm(weight: MarlinMoeWeight, *, a: Any, c: Any, routing: tuple[Any, Any, A
         top_k=top_k, moe_block_size=block_size, group_size=weight.group_size, c_tmp=c_tmp,
         topk_weights=topk_weights, mul_topk_weights=topk_weights is not None, is_ep=is_ep,
         use_fp32_reduce=c_tmp is not None, expert_count=weight.num_experts, device=None, stream=stream, spans=None,
-        add_rows_div=add_rows_div, clear=clear, routing_settled=routing_settled,
+        add_rows_div=add_rows_div, clear=clear, routing_settled=routing_settled, direct_routing=direct_routing,
     )
     if weight.kind == "mxfp4":
         return marlin_moe_mxfp4_bf16_call(bias=weight.bias, **common)

@@ -164,8 +164,19 @@ def _check_modes(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> None:
 # ---- the layer variants (the ``_ex`` entry points) ---------------------------------------
 
 _LAYER_INTS = ("add_rows_div", "clear_bytes")
-_LAYER_FLAGS = ("routing_settled",)
+_LAYER_FLAGS = ("routing_settled", "direct_routing")
 _LAYER_OPTIONAL_POINTERS = (("clear", 16),)
+# The align step's outputs, which direct routing does without.
+_ALIGNED_ONLY = ("sorted_token_ids", "num_tokens_past_padded")
+
+
+def _routing_pointers(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch",
+                      pointers: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """The required pointers: with direct routing, not the align step's outputs
+    (a non-bool flag is refused by the type checks that come first)."""
+    if isinstance(args.direct_routing, (bool, np.bool_)) and args.direct_routing:
+        return tuple(p for p in pointers if p[0] not in _ALIGNED_ONLY)
+    return pointers
 
 
 def _check_layer_extras(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> None:
@@ -185,8 +196,15 @@ def _check_layer_extras(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -
         moe_fail("clear_bytes must be positive exactly when clear is given")
     if args.clear is not None and args.clear_bytes % 16 != 0:
         moe_fail(f"clear_bytes {args.clear_bytes} must be a multiple of 16")
-    if args.routing_settled and args.clear is not None:
-        moe_fail("routing_settled starts before the previous kernel is done and cannot clear")
+    if args.routing_settled and args.clear is not None and not args.direct_routing:
+        moe_fail("a settled launch clears only with direct routing")
+    if args.direct_routing:
+        given = [name for name in _ALIGNED_ONLY if getattr(args, name) is not None]
+        if given:
+            moe_fail(f"direct_routing takes no {' or '.join(given)} (routed row t is slab t, expert expert_ids[t])")
+        if args.moe_block_size != 8:
+            moe_fail(f"direct_routing puts one row in each slab and needs moe_block_size 8, "
+                     f"got {args.moe_block_size}")
 
 
 def _output_rows(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> int:
@@ -215,7 +233,8 @@ def _add_clear_span(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch", spans
 
 
 def _is_layer_call(args: "MarlinMoeF16Launch | MarlinMoeMxfp4Bf16Launch") -> bool:
-    return args.add_rows_div != 0 or args.clear is not None or bool(args.routing_settled)
+    return (args.add_rows_div != 0 or args.clear is not None or bool(args.routing_settled)
+            or bool(args.direct_routing))
 
 
 # ---- this library's own rules ----------------------------------------------------------
@@ -307,6 +326,7 @@ class MarlinMoeF16Launch:
     clear: int | None = None
     clear_bytes: int = 0
     routing_settled: bool = False
+    direct_routing: bool = False
 
     @property
     def entry_point(self) -> str:
@@ -329,12 +349,13 @@ class MarlinMoeF16Launch:
         sized buffer must hold from its pointer on. ``sms`` (the device's
         multiprocessors) adds the workspace and the kernel's c_tmp minimum."""
         ints = _F16_INTS + _LAYER_INTS + (() if self.expert_count is None else ("expert_count",))
-        _check_types(self, ints, _F16_FLAGS + _LAYER_FLAGS, tuple(n for n, _ in _F16_POINTERS),
+        required = _routing_pointers(self, _F16_POINTERS)
+        _check_types(self, ints, _F16_FLAGS + _LAYER_FLAGS, tuple(n for n, _ in required),
                      tuple(n for n, _ in _F16_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS))
         if not isinstance(self.weight_type, MoeF16WeightType):
             raise ArgumentTypeError(f"{MOE_PREFIX}: weight_type must be a MoeF16WeightType, "
                                     f"got {self.weight_type!r}")
-        _check_pointers(self, _F16_POINTERS, _F16_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS)
+        _check_pointers(self, required, _F16_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS)
         m, n, k, group_size = self.prob_m, self.prob_n, self.prob_k, self.group_size
         if m <= 0 or n <= 0 or k <= 0:
             moe_fail(f"prob_m, prob_n, and prob_k must be positive, got [{m}, {n}, {k}]")
@@ -404,6 +425,8 @@ class MarlinMoeF16Launch:
             spans["c_tmp"] = moe_bytes("FP32 reduction scratch [M*top_k,N]", rows, n, 4)
         if self.topk_weights is not None:
             spans["topk_weights"] = moe_bytes("top-k weights [M,top_k]", rows, 4)
+        if self.direct_routing:
+            spans["expert_ids"] = moe_bytes("direct routing expert ids [M*top_k]", rows, 4)
         _check_ranges(self, spans)
         return spans
 
@@ -451,6 +474,7 @@ class MarlinMoeMxfp4Bf16Launch:
     clear: int | None = None
     clear_bytes: int = 0
     routing_settled: bool = False
+    direct_routing: bool = False
 
     @property
     def entry_point(self) -> str:
@@ -467,10 +491,11 @@ class MarlinMoeMxfp4Bf16Launch:
 
     def validate(self, sms: int | None = None) -> dict[str, int]:
         """As :meth:`MarlinMoeF16Launch.validate`."""
+        required = _routing_pointers(self, _MXFP4_POINTERS)
         _check_types(self, _MXFP4_INTS + _LAYER_INTS, _MXFP4_FLAGS + _LAYER_FLAGS,
-                     tuple(n for n, _ in _MXFP4_POINTERS),
+                     tuple(n for n, _ in required),
                      tuple(n for n, _ in _MXFP4_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS))
-        _check_pointers(self, _MXFP4_POINTERS, _MXFP4_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS)
+        _check_pointers(self, required, _MXFP4_OPTIONAL_POINTERS + _LAYER_OPTIONAL_POINTERS)
         m, n, k = self.prob_m, self.prob_n, self.prob_k
         if self.expert_count <= 0:
             moe_fail(f"MXFP4 expert_count must be positive, got {self.expert_count}")
@@ -515,6 +540,8 @@ class MarlinMoeMxfp4Bf16Launch:
             spans["c_tmp"] = moe_bytes("MXFP4 FP32 reduction scratch [M*top_k,N]", rows, n, 4)
         if self.topk_weights is not None:
             spans["topk_weights"] = moe_bytes("MXFP4 top-k weights [M,top_k]", rows, 4)
+        if self.direct_routing:
+            spans["expert_ids"] = moe_bytes("MXFP4 direct routing expert ids [M*top_k]", rows, 4)
         _check_ranges(self, spans)
         return spans
 

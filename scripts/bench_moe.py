@@ -26,7 +26,8 @@ the whole layer, in the same run and the same way:
 With --adds the GEMM rows run the layer variants (the ``_ex`` entries) as
 fused_moe does in atomic mode: partials added into an output zeroed before
 each call (outside the interval; in the layer the previous kernel zeroes it),
-the down GEMM summing each token's top_k rows.
+the down GEMM summing each token's top_k rows; at M = 1 with direct routing
+(no align arrays: each routed row's expert read from topk_ids).
 Layer rows (``layer(fused_moe)``): the whole fused_moe call (routing align,
 both GEMMs, the activation; the top-k sum in fp32 mode) against the read of both
 projections' touched bytes and against the two cuBLAS loops' times summed (no
@@ -474,6 +475,10 @@ def marlin_call(bench: Bench, weight: Any, a: Any, c: Any, routing: Routing, pro
         topk_weights=routing.weights_device, mul_topk_weights=mul, use_fp32_reduce=fp32_reduce,
         add_rows_div=add_rows_div,
     )
+    if add_rows_div and routing.ids.shape[0] == 1 and routing.block == 8:
+        # fused_moe's decode step: no align arrays, each routed row names its expert.
+        common.update(sorted_token_ids=None, num_tokens_past_padded=None, expert_ids=routing.ids_device,
+                      direct_routing=True)
     if weight.kind == "mxfp4":
         return lambda: ff.launch_marlin_moe_mxfp4_bf16(**common, bias=weight.bias, expert_count=weight.num_experts)
     kind = MoeF16WeightType.E4M3 if weight.kind == "fe4m3fn" else MoeF16WeightType.U4B8

@@ -180,7 +180,7 @@ def test_every_abi_define_is_mirrored_once_in_python():
     from ferrum_ffi import _abi
 
     defines = {name: value for name, value in _header_defines().items() if name.startswith(ABI_DEFINE_PREFIXES)}
-    assert len(defines) == 18, sorted(defines)
+    assert len(defines) == 20, sorted(defines)
     for name, value in defines.items():
         assert getattr(_abi, name) == value, name
     python_names = {name for name in vars(_abi) if name.startswith(ABI_DEFINE_PREFIXES)}
@@ -928,7 +928,10 @@ def test_profile_sink_that_cannot_open_raises_with_the_native_reason(lib, tmp_pa
 
 
 # The layer variants (_ex): the same checks plus add_rows_div / clear / clear_bytes.
-MOE_LAYER_GOOD = dict(add_rows_div=0, clear=None, clear_bytes=0, routing_settled=0)
+MOE_LAYER_GOOD = dict(add_rows_div=0, clear=None, clear_bytes=0, routing_flags=0)
+# Direct routing without the align step's two arrays.
+_DIRECT = dict(routing_flags=_abi.FERRUM_MOE_ROUTING_DIRECT, moe_block_size=8, sorted_token_ids=None,
+               num_tokens_past_padded=None)
 MOE_LAYER_BAD = {
     "negative_div": dict(add_rows_div=-1),
     "div_with_fp32_reduce": dict(add_rows_div=1, use_atomic_add=0, use_fp32_reduce=1, c_tmp=0xA000),
@@ -937,7 +940,12 @@ MOE_LAYER_BAD = {
     "bytes_without_clear": dict(clear_bytes=16),
     "bytes_not_16": dict(clear=0xB0000, clear_bytes=24),
     "misaligned_clear": dict(clear=0xB0008, clear_bytes=16),
-    "settled_with_clear": dict(routing_settled=1, clear=0xB0000, clear_bytes=16),
+    "direct_with_sorted_ids": {**_DIRECT, "sorted_token_ids": 0xC000},
+    "direct_with_count": {**_DIRECT, "num_tokens_past_padded": 0xC000},
+    "direct_block_16": {**_DIRECT, "moe_block_size": 16},
+    "direct_null_experts": {**_DIRECT, "expert_ids": None},
+    "aligned_null_sorted_ids": dict(sorted_token_ids=None),
+    "settled_aligned_clear": dict(routing_flags=_abi.FERRUM_MOE_ROUTING_SETTLED, clear=0xB0000, clear_bytes=16),
 }
 
 
@@ -949,8 +957,13 @@ def test_moe_layer_argument_tables_follow_the_header():
 
 
 def _with_layer(launch, args: dict):
+    flags = args["routing_flags"]
+    direct = bool(flags & _abi.FERRUM_MOE_ROUTING_DIRECT)
+    # Direct routing's absent arrays are None (the records' "absent"), not null.
+    aligned = {name: args[name] or None for name in ("sorted_token_ids", "num_tokens_past_padded")} if direct else {}
     return replace(launch, add_rows_div=args["add_rows_div"], clear=args["clear"] or None,
-                   clear_bytes=args["clear_bytes"], routing_settled=bool(args["routing_settled"]))
+                   clear_bytes=args["clear_bytes"], routing_settled=bool(flags & _abi.FERRUM_MOE_ROUTING_SETTLED),
+                   direct_routing=direct, **aligned)
 
 
 @pytest.mark.parametrize("case", sorted(MOE_LAYER_BAD))
@@ -964,12 +977,24 @@ def test_python_and_library_refuse_the_same_layer_launches(lib, case, entry):
     _expect_refused(lib, entry, args)
 
 
+# Valid layer launches: rows added, a clear, direct routing (no align arrays), and
+# direct routing settled with a clear (done after the last stage).
+LAYER_VALID = {
+    "adds_and_clear": dict(add_rows_div=2, clear=0xB0000, clear_bytes=64, routing_flags=0),
+    "direct": {**MOE_LAYER_GOOD, **_DIRECT},
+    "direct_settled_clear": {**_DIRECT, "add_rows_div": 2, "clear": 0xB0000, "clear_bytes": 64,
+                             "routing_flags": _abi.FERRUM_MOE_ROUTING_SETTLED | _abi.FERRUM_MOE_ROUTING_DIRECT},
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_VALID))
 @pytest.mark.parametrize("entry", ["ferrum_vllm_marlin_moe_f16_ex", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex"])
-def test_valid_layer_arguments_pass_python_and_reach_the_device_query(lib, no_gpu, entry):
+def test_valid_layer_arguments_pass_python_and_reach_the_device_query(lib, no_gpu, entry, case):
     mxfp4 = "mxfp4" in entry
-    args = {**(MOE_MXFP4_GOOD if mxfp4 else MOE_F16_GOOD), "add_rows_div": 2, "clear": 0xB0000, "clear_bytes": 64,
-            "routing_settled": 0}
+    args = {**(MOE_MXFP4_GOOD if mxfp4 else MOE_F16_GOOD), **LAYER_VALID[case]}
+    args = {name: args[name] for name in list(MOE_MXFP4_GOOD if mxfp4 else MOE_F16_GOOD) + list(MOE_LAYER_GOOD)}
     launch = _mxfp4_launch(args) if mxfp4 else _f16_launch(MoeF16WeightType.U4B8, args)
+    assert _with_layer(launch, args).entry_point == entry
     _with_layer(launch, args).validate()
     status = StagedNativeStatus.decode(getattr(lib, entry)(*args.values()))
     assert status is not None and status.stage not in (7, 8), status  # past every argument rule
@@ -990,7 +1015,8 @@ def test_the_library_refuses_a_bad_align_clear(lib, clear, clear_bytes):
     _expect_refused(lib, "ferrum_moe_align_block_size_ex", {**ALIGN_GOOD, "clear": clear, "clear_bytes": clear_bytes})
 
 
+@pytest.mark.parametrize("flags", [4, -1, 1 << 16])
 @pytest.mark.parametrize("entry", ["ferrum_vllm_marlin_moe_f16_ex", "ferrum_vllm_marlin_moe_mxfp4_bf16_ex"])
-def test_the_library_refuses_a_routing_settled_flag_other_than_0_or_1(lib, entry):
+def test_the_library_refuses_unknown_routing_flags(lib, entry, flags):
     base = MOE_MXFP4_GOOD if "mxfp4" in entry else MOE_F16_GOOD
-    _expect_refused(lib, entry, {**base, **MOE_LAYER_GOOD, "routing_settled": 2})
+    _expect_refused(lib, entry, {**base, **MOE_LAYER_GOOD, "routing_flags": flags})

@@ -308,9 +308,38 @@ def test_stacked_layers_run_back_to_back_without_host_syncs(cp):
     assert relative_l2(out2, reference(lay, to_host(out1), weights2_host, ids2_host)) < TOLERANCE[lay.dtype]
 
 
-@pytest.mark.parametrize("kind, expert_parallel", [("u4b8", False), ("mxfp4", True)])
-def test_graph_capture_replays_on_a_non_default_stream(cp, kind, expert_parallel):
-    experts, m, top_k = 16, 32, 4
+def zero_kept_buffers() -> list:
+    """The decode path's gate/up outputs, which every call leaves zero."""
+    return [b.array for key, b in _scratch._arrays.items() if key[2] == "fused_moe.gate_up_zeroed"]
+
+
+def test_decode_steps_back_to_back_leave_the_gate_up_output_zero(cp):
+    # One token: no align kernel, the gate/up GEMM adds into a buffer that the
+    # previous call's down GEMM cleared. Two layers of different widths share
+    # it on one stream, each call reading the one before, with no host sync.
+    wide, narrow = case("u4b8", 64, 1, 8, seed=21), case("fe4m3fn", 8, 1, 2, seed=22)
+    x = to_device(cp, wide.x)
+    calls = [(wide, x)]
+    outs = []
+    for i, c in enumerate([wide, narrow, wide, narrow, wide]):
+        rng = np.random.default_rng(30 + i)
+        weights, ids = routing(rng, 1, c.ids.shape[1], c.lay.w13.num_experts)
+        inp = calls[-1][1] if i else x
+        out = ff.fused_moe(inp, c.lay.w13, c.lay.w2, cp.asarray(weights), cp.asarray(ids), activation=c.lay.activation)
+        outs.append((c.lay, inp, weights, ids, out))
+        calls.append((c, out))
+    cp.cuda.get_current_stream().synchronize()
+    for lay, inp, weights, ids, out in outs:
+        assert relative_l2(out, reference(lay, to_host(inp), weights, ids)) < TOLERANCE[lay.dtype]
+    buffers = zero_kept_buffers()
+    assert buffers, "one token takes the direct-routing path"
+    assert all(int(cp.count_nonzero(storage(b))) == 0 for b in buffers)
+
+
+@pytest.mark.parametrize("kind, expert_parallel, m", [("u4b8", False, 32), ("mxfp4", True, 32), ("u4b8", False, 1),
+                                                      ("mxfp4", False, 1)])
+def test_graph_capture_replays_on_a_non_default_stream(cp, kind, expert_parallel, m):
+    experts, top_k = 16, 4
     first = case(kind, experts, m, top_k, seed=8, local_experts=experts // 2 if expert_parallel else None)
     later = case(kind, experts, m, top_k, seed=9, local_experts=experts // 2 if expert_parallel else None)
     mapping = expert_parallel_map(np.random.default_rng(10), experts) if expert_parallel else None
@@ -338,4 +367,13 @@ def test_graph_capture_replays_on_a_non_default_stream(cp, kind, expert_parallel
         graph.launch(stream)
     stream.synchronize()
     expected = reference(lay, later.x, later.weights, later.ids, expert_map=mapping)
+    assert relative_l2(out, expected) < TOLERANCE[lay.dtype]
+    # A second replay, back on the first inputs: each replay leaves its scratch as it found it.
+    with stream:
+        storage(x)[...] = cp.asarray(bits(first.x))
+        weights[...] = cp.asarray(first.weights)
+        ids[...] = cp.asarray(first.ids)
+        graph.launch(stream)
+    stream.synchronize()
+    expected = reference(lay, first.x, first.weights, first.ids, expert_map=mapping)
     assert relative_l2(out, expected) < TOLERANCE[lay.dtype]

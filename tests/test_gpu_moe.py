@@ -218,13 +218,15 @@ def run_moe(cp, weight: MarlinMoeWeight, x: np.ndarray, routing: Routing, block:
             fp32_reduce: bool = False, mul: bool = False, is_ep: bool = False, prob_m: int | None = None,
             top_k: int | None = None, sorted_ids: np.ndarray | None = None, expert_ids: np.ndarray | None = None,
             count: np.ndarray | None = None, topk_weights: np.ndarray | None = None, add_rows_div: int = 0,
-            clear=None, routing_settled: bool = False) -> np.ndarray:
+            clear=None, routing_settled: bool = False, direct_routing: bool = False) -> np.ndarray:
     """One fused launch on a device ``weight`` with ``c`` prefilled with the
     sentinel; checks that the kernel left the lock workspace zero; returns
     ``c`` on the host. ``x`` holds the logical features (zero-padded here to
     the weight's physical K). The routing arrays may be overridden.
     ``add_rows_div``/``clear``: the layer variant, into a zeroed ``c`` of
-    ``m * top_k / add_rows_div`` rows."""
+    ``m * top_k / add_rows_div`` rows. ``direct_routing``: no align arrays;
+    the expert of routed row t is ``expert_ids`` (default: the routing's
+    top-k ids, mapped to local ids under its expert map)."""
     m = routing.m if prob_m is None else prob_m
     top_k = routing.top_k if top_k is None else top_k
     dtype = weight.activation_dtype
@@ -239,15 +241,21 @@ def run_moe(cp, weight: MarlinMoeWeight, x: np.ndarray, routing: Routing, block:
     workspace = cp.zeros(moe_workspace_ints(sms), dtype=cp.int32)
     c_tmp = cp.zeros(max(moe_c_tmp_floats(block, sms), rows * n), dtype=cp.float32) if fp32_reduce else None
     weights = routing.topk_weights if topk_weights is None else topk_weights
+    if direct_routing:
+        if expert_ids is None:
+            ids = routing.topk_ids.reshape(-1)
+            expert_ids = ids if routing.expert_map is None else routing.expert_map[ids]
+        aligned = dict(sorted_token_ids=None, num_tokens_past_padded=None)
+    else:
+        aligned = dict(sorted_token_ids=cp.asarray(routing.sorted_ids if sorted_ids is None else sorted_ids),
+                       num_tokens_past_padded=cp.asarray(routing.count if count is None else count))
     common = dict(
-        a=to_device(cp, a), b=weight.qweight, c=c, scales=weight.scales, workspace=workspace,
-        sorted_token_ids=cp.asarray(routing.sorted_ids if sorted_ids is None else sorted_ids),
+        a=to_device(cp, a), b=weight.qweight, c=c, scales=weight.scales, workspace=workspace, **aligned,
         expert_ids=cp.asarray(routing.expert_ids if expert_ids is None else expert_ids),
-        num_tokens_past_padded=cp.asarray(routing.count if count is None else count),
         prob_m=m, prob_n=n, prob_k=weight.k, top_k=top_k, moe_block_size=block, group_size=weight.group_size,
         c_tmp=c_tmp, topk_weights=cp.asarray(np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)),
         mul_topk_weights=mul, is_ep=is_ep, use_fp32_reduce=fp32_reduce, add_rows_div=add_rows_div, clear=clear,
-        routing_settled=routing_settled,
+        routing_settled=routing_settled, direct_routing=direct_routing,
     )
     if weight.kind == "mxfp4":
         ff.launch_marlin_moe_mxfp4_bf16(**common, bias=weight.bias, expert_count=weight.num_experts)
@@ -1102,17 +1110,57 @@ def test_rows_added_into_a_zeroed_c(cp, name, block, shape, expert_parallel):
             assert (got[(np.abs(expected) == 0).all(axis=1)] == 0).all()
 
 
-@pytest.mark.parametrize("name", ["u4b8-g128", "mxfp4"])
+@pytest.mark.parametrize("name, block, shape", [("u4b8-g128", 8, None), ("mxfp4", 8, None),
+                                                ("u4b8-g128", 32, WIDE_SHAPES["whole"])])
 @pytest.mark.parametrize("count", [None, 0])
-def test_a_launch_clears_the_buffer_for_the_next_one(cp, name, count):
+def test_a_launch_clears_the_buffer_for_the_next_one(cp, name, block, shape, count):
     # Cleared whether or not the routing holds rows (count 0: every block exits early).
-    weight = make_weight(cp, name)
+    weight = make_weight(cp, name, shape, experts=6 if shape else E)
+    experts = weight.device.num_experts
     rng = np.random.default_rng(23)
-    routing = route(rng, 5, 2, E, 8)
+    routing = route(rng, 5, 2, experts, block)
     x = activations(rng, 5, weight.device.logical_k, weight.dtype)
     target = cp.full((3, 1000, 8), -7, dtype=cp.int16)  # 48 000 bytes: a grid-stride loop, not one pass
-    got = run_moe(cp, weight.device, x, routing, 8, mul=True, clear=target,
+    got = run_moe(cp, weight.device, x, routing, block, mul=True, clear=target,
                   count=None if count is None else np.zeros(1, dtype=np.int32))
     assert int(cp.count_nonzero(target)) == 0
     if count is None:
         assert_rows(got, reference_rows(x, weight.w, routing, weight.bias, mul=True), TOLERANCE[weight.dtype])
+
+
+# ---- direct routing: no align step, routed row t alone in slab t --------------------------------
+
+
+@pytest.mark.parametrize("name", ["u4b8-g128", "u4-g64", "fe4m3fn-g-1", "fe4m3fn-g128", "mxfp4"])
+@pytest.mark.parametrize("m, top_k", [(1, 8), (1, 1), (3, 4)])
+def test_direct_routing_streams_each_routed_row_alone(cp, name, m, top_k):
+    weight = make_weight(cp, name)
+    rng = np.random.default_rng([m, top_k, 5])
+    routing = route(rng, m, top_k, E, 8)
+    if m > 1:
+        routing.topk_ids[1] = routing.topk_ids[0]  # tokens sharing experts: each row still streams its own
+    x = activations(rng, m, weight.device.logical_k, weight.dtype)
+    ref = reference_rows(x, weight.w, routing, weight.bias, mul=True)
+    assert_rows(run_moe(cp, weight.device, x, routing, 8, mul=True, direct_routing=True), ref,
+                TOLERANCE[weight.dtype])
+    # As the layer runs it: rows summed per token, settled, clearing a buffer after its wait.
+    target = cp.full((2, 4096), -7, dtype=cp.int16)
+    got = run_moe(cp, weight.device, x, routing, 8, mul=True, direct_routing=True, add_rows_div=top_k,
+                  routing_settled=True, clear=target)
+    assert int(cp.count_nonzero(target)) == 0
+    error = relative_l2(got.astype(np.float64), summed_rows(ref, top_k))
+    assert error <= 2 * TOLERANCE[weight.dtype], f"relative L2 {error:.3g}"
+
+
+@pytest.mark.parametrize("name", ["u4b8-g128", "mxfp4"])
+def test_direct_routing_skips_rows_of_other_ranks(cp, name):
+    weight = make_weight(cp, name)
+    rng = np.random.default_rng(41)
+    expert_map = np.full(E + 3, -1, dtype=np.int32)
+    expert_map[rng.choice(E + 3, E, replace=False)] = rng.permutation(E).astype(np.int32)
+    routing = route(rng, 4, 4, E + 3, 8, expert_map)
+    assert (expert_map[routing.topk_ids] < 0).any() and (expert_map[routing.topk_ids] >= 0).any()
+    x = activations(rng, 4, weight.device.logical_k, weight.dtype)
+    ref = reference_rows(x, weight.w, routing, weight.bias, mul=True)  # NaN: rows the kernel leaves alone
+    assert_rows(run_moe(cp, weight.device, x, routing, 8, mul=True, is_ep=True, direct_routing=True), ref,
+                TOLERANCE[weight.dtype])

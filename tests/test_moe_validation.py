@@ -647,12 +647,43 @@ def test_clear_must_not_meet_the_kernels_c_tmp():
 
 
 @pytest.mark.parametrize("base", [F16, MXFP4], ids=["f16", "mxfp4"])
-def test_routing_settled_selects_the_ex_entry_and_cannot_clear(base):
+def test_routing_settled_selects_the_ex_entry_and_clears_only_when_direct(base):
     settled = replace(base, routing_settled=True)
     assert settled.entry_point == base.entry_point + "_ex"
     settled.validate()
     replace(settled, add_rows_div=base.top_k).validate()
-    rejects(replace(settled, clear=0xA0000, clear_bytes=64),
-            "routing_settled starts before the previous kernel is done and cannot clear")
+    rejects(replace(settled, clear=0xA0000, clear_bytes=64), "a settled launch clears only with direct routing")
+    direct = replace(settled, direct_routing=True, sorted_token_ids=None, num_tokens_past_padded=None,
+                     moe_block_size=8)
+    assert replace(direct, clear=0xA0000, clear_bytes=64).validate()["clear"] == 64
     with pytest.raises(ArgumentTypeError, match="routing_settled must be a bool"):
         replace(base, routing_settled=1).validate()
+
+
+@pytest.mark.parametrize("base", [F16, MXFP4], ids=["f16", "mxfp4"])
+def test_direct_routing_takes_expert_ids_per_row_and_no_align_arrays(base):
+    direct = replace(base, direct_routing=True, sorted_token_ids=None, num_tokens_past_padded=None,
+                     moe_block_size=8)
+    assert direct.entry_point == base.entry_point + "_ex"
+    spans = direct.validate()
+    assert spans["expert_ids"] == base.prob_m * base.top_k * 4  # one expert id per routed row
+    assert "expert_ids" not in base.validate()  # aligned routing: sized by the align step, not the launch
+    replace(direct, routing_settled=True, add_rows_div=base.top_k, clear=0xA0000, clear_bytes=64).validate()
+    rejects(replace(direct, sorted_token_ids=0x6000),
+            "direct_routing takes no sorted_token_ids (routed row t is slab t, expert expert_ids[t])")
+    rejects(replace(direct, sorted_token_ids=0x6000, num_tokens_past_padded=0x6100),
+            "direct_routing takes no sorted_token_ids or num_tokens_past_padded "
+            "(routed row t is slab t, expert expert_ids[t])")
+    rejects(replace(direct, moe_block_size=16),
+            "direct_routing puts one row in each slab and needs moe_block_size 8, got 16")
+    rejects(replace(direct, expert_ids=0), "expert_ids pointer must be non-null")
+    with pytest.raises(ArgumentTypeError, match="direct_routing must be a bool"):
+        replace(direct, direct_routing=1).validate()
+    # Aligned routing still needs both arrays.
+    with pytest.raises(ArgumentTypeError, match="sorted_token_ids must be a device pointer"):
+        replace(base, sorted_token_ids=None).validate()
+    # The expert ids' span is checked against the address space like every other.
+    rejects(replace(direct, expert_ids=2**64 - 16),
+            "expert_ids pointer range overflows the u64 device domain")
+
+

@@ -27,8 +27,9 @@ extern "C" {
 #define FERRUM_API __attribute__((visibility("default")))
 #endif
 
-/* Bumped on every incompatible change of a signature, struct or meaning. */
-#define FERRUM_MARLIN_ABI_VERSION 1
+/* Bumped on every change of a signature, struct or meaning (2: the _ex MoE
+ * entries take routing flags, FERRUM_MOE_ROUTING_DIRECT added). */
+#define FERRUM_MARLIN_ABI_VERSION 2
 
 /* Failure stages: the high 16 bits of a status. */
 #define FERRUM_STAGE_SM_COUNT 1          /* querying the multiprocessor count       */
@@ -344,14 +345,26 @@ FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(const void* a, const void* b, v
  *                 starts): the next GEMM's add_rows_div destination. It must not
  *                 overlap any buffer this launch reads or writes.
  *   clear_bytes   0 with clear NULL, else a positive multiple of 16.
- *   routing_settled  1: the routing arrays (sorted_token_ids, expert_ids,
- *                 num_tokens_past_padded) and topk_weights were written before the
- *                 stream's previous kernel, only `a` by it (fused_moe's down GEMM
- *                 after the activation): the launch reads them and pulls its first
- *                 weight stages into L2 while that kernel finishes, and waits for it
- *                 before reading `a` or writing anything. Needs clear NULL. 0: it
- *                 waits first, as the entries above do.
+ *   routing_flags 0, or an OR of:
+ *     FERRUM_MOE_ROUTING_SETTLED  the routing arrays and topk_weights were
+ *                 written before the stream's previous kernel, only `a` by it
+ *                 (fused_moe's down GEMM after the activation): the launch reads
+ *                 them and pulls its first weight stages into L2 while that kernel
+ *                 finishes, and waits for it before reading `a` or writing anything.
+ *                 A clear needs FERRUM_MOE_ROUTING_DIRECT too (done after the last
+ *                 stage). Without it the launch waits first, as the entries above
+ *                 do.
+ *     FERRUM_MOE_ROUTING_DIRECT  no align step: routed row t (of prob_m * top_k)
+ *                 is slab t alone, multiplied by expert expert_ids[t] (so
+ *                 expert_ids holds prob_m * top_k entries: topk_ids as the router
+ *                 wrote them, or mapped to local ids, -1 skipped under is_ep);
+ *                 sorted_token_ids and num_tokens_past_padded must be NULL and
+ *                 moe_block_size 8. Every routed row streams its expert's weights:
+ *                 meant for decode steps whose rows name distinct experts (one
+ *                 token), where it saves the align kernel and a dependent read.
  * A launch whose routing holds no rows still clears. Same status stages. */
+#define FERRUM_MOE_ROUTING_SETTLED 1
+#define FERRUM_MOE_ROUTING_DIRECT 2
 FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
                                              const void* b_scales, const void* b_zeros,
                                              void* workspace, const int* sorted_token_ids,
@@ -362,7 +375,7 @@ FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(const void* a, const void* b, void*
                                              int prob_n, int prob_k, int group_size, int has_zp,
                                              int dev, ferrum_stream_t stream, int use_atomic_add,
                                              int use_fp32_reduce, int add_rows_div, void* clear,
-                                             size_t clear_bytes, int routing_settled);
+                                             size_t clear_bytes, int routing_flags);
 FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(const void* a, const void* b, void* c, void* c_tmp,
                                                  const void* b_scales, const void* b_zeros,
                                                  void* workspace, const int* sorted_token_ids,
@@ -374,7 +387,7 @@ FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(const void* a, const void* b, v
                                                  int has_zp, int dev, ferrum_stream_t stream,
                                                  int use_atomic_add, int use_fp32_reduce,
                                                  int add_rows_div, void* clear, size_t clear_bytes,
-                                                 int routing_settled);
+                                                 int routing_flags);
 FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(const void* a, const void* b, void* c,
                                                     void* c_tmp, const void* b_bias,
                                                     const void* b_scales, void* workspace,
@@ -387,7 +400,7 @@ FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(const void* a, const void* b
                                                     int group_size, int dev, ferrum_stream_t stream,
                                                     int use_atomic_add, int use_fp32_reduce,
                                                     int add_rows_div, void* clear,
-                                                    size_t clear_bytes, int routing_settled);
+                                                    size_t clear_bytes, int routing_flags);
 
 /* Profile sink: while a path is set, every MoE GEMM launch appends one JSON line
  *   {"event":"vllm_moe_config","entry":...,"shape":{"prob_m","prob_n","prob_k",

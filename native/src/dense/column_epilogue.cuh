@@ -15,6 +15,7 @@
 #include "../core/formats.cuh"
 #include "../core/ptx.cuh"
 #include "gemm.h"
+#include "stripes.cuh"
 
 namespace ferrum::dense {
 
@@ -59,9 +60,8 @@ struct ColumnEpilogue {
       if constexpr (R == Route::Dense) {
         grow = slab * MRows + mr;
         if (grow >= p.m) continue;
-      } else if constexpr (R == Route::Sorted) {
-        const int idx = slab * MRows + mr;
-        grow = idx < used_ids ? __ldg(p.route.sorted_ids + idx) : -1;
+      } else if constexpr (routed_by_ids(R)) {
+        grow = routed_row<R>(p.route, true, slab, mr, MRows, used_ids);
         if (static_cast<unsigned>(grow) >= static_cast<unsigned>(p.route.rows)) continue;
         if (p.route.row_weights != nullptr) row_weight = __ldg(p.route.row_weights + grow);
       } else {
@@ -103,14 +103,14 @@ struct ColumnEpilogue {
           vals[2 * e2 + 1] += b.y;
         }
       }
-      if constexpr (R == Route::Sorted) {
+      if constexpr (routed_by_ids(R)) {
 #pragma unroll
         for (int e2 = 0; e2 < 8; ++e2) vals[e2] *= row_weight;
       }
       uint32_t packed[4];
 #pragma unroll
       for (int e2 = 0; e2 < 4; ++e2) packed[e2] = N::from_floats(vals[2 * e2], vals[2 * e2 + 1]);
-      if constexpr (R == Route::Sorted) {
+      if constexpr (routed_by_ids(R)) {
         if (p.add_rows_div > 1) grow /= p.add_rows_div;
       }
       char* const dst = static_cast<char*>(p.c) + 2 * (static_cast<size_t>(grow) * p.n + ncol);
@@ -213,7 +213,7 @@ struct ColumnEpilogue {
                                           int used_ids, int slab, long long e, int c, int col, int range,
                                           int iters, int k_tiles, int part = 0) {
     const Share sh = share_of(p, e, c, col, range, iters, k_tiles, part);
-    if (R == Route::Sorted && p.add_rows_div > 0) {
+    if (routed_by_ids(R) && p.add_rows_div > 0) {
       // C was zeroed by an earlier kernel: every contributor adds, none waits;
       // the bias comes with the part that is ready first.
       store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, true, !sh.adds());

@@ -15,11 +15,16 @@ enum class Route {
   Dense,     // slab s = rows [s * m_rows, (s + 1) * m_rows) of A and C
   Sorted,    // vLLM fused MoE: slab s = entries of sorted_ids, expert slab_experts[s]
   Bucketed,  // one slab per expert of a bucket, rows at row_offsets[e]
+  Direct,    // fused MoE without the align step: slab s = output row s alone, expert slab_experts[s]
 };
+
+// Routes whose slabs name their expert in slab_experts and their rows by
+// output row id t (< rows; activation row t / top_k).
+constexpr bool routed_by_ids(Route r) { return r == Route::Sorted || r == Route::Direct; }
 
 struct Routing {
   const int* sorted_ids;     // Sorted: output row t of each slab row; t >= rows or < 0: padding
-  const int* slab_experts;   // Sorted: expert of each slab (< 0: skipped); Bucketed: experts or null
+  const int* slab_experts;   // Sorted, Direct: expert of each slab (< 0: skipped); Bucketed: experts or null
   const int* used_ids;       // Sorted: entries of sorted_ids in use (one device int)
   const int* row_offsets;    // Bucketed: first row of each expert in A and C
   const int* row_counts;     // Bucketed: rows of each expert

@@ -93,13 +93,13 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // The expert whose weights slab s multiplies, and whether the slab is skipped
   // (past the routed rows, or an expert of another rank under expert parallelism).
   auto slab_expert = [&](int slab) -> int {
-    if constexpr (R == Route::Sorted) return __ldg(p.route.slab_experts + slab);
+    if constexpr (routed_by_ids(R)) return __ldg(p.route.slab_experts + slab);
     if constexpr (R == Route::Bucketed)
       return p.route.slab_experts != nullptr ? __ldg(p.route.slab_experts + slab) : slab;
     return 0;
   };
   auto slab_dead = [&](int slab) -> bool {
-    if constexpr (R == Route::Sorted) return slab >= slabs || slab_expert(slab) < 0;
+    if constexpr (routed_by_ids(R)) return slab >= slabs || slab_expert(slab) < 0;
     return slab >= slabs;
   };
   // MXFP4 fixes its groups at 32 values: its scale-row arithmetic folds to
@@ -179,13 +179,11 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   auto load_ids = [&](int slab, int& expert, int (&ids)[kACopies]) {
     expert = slab < slabs ? __ldg(p.route.slab_experts + slab) : -1;
 #pragma unroll
-    for (int i = 0; i < kACopies; ++i) {
-      const int idx = slab * T::m_rows + a_row[i];
-      ids[i] = (slab < slabs && a_row[i] < T::m_rows && idx < used_ids) ? __ldg(p.route.sorted_ids + idx) : -1;
-    }
+    for (int i = 0; i < kACopies; ++i)
+      ids[i] = routed_row<R>(p.route, slab < slabs && a_row[i] < T::m_rows, slab, a_row[i], T::m_rows, used_ids);
   };
   auto expert_of = [&](int slab) -> int {
-    if constexpr (R == Route::Sorted) {
+    if constexpr (routed_by_ids(R)) {
       if (slab == cur_slab) return cur_expert;
       if (slab == prev_slab) return prev_expert;
       if (slab == next_slab) return next_expert;
@@ -194,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   };
   auto seek = [&]() {
     long long e = 0;
-    if constexpr (R == Route::Sorted) {
+    if constexpr (routed_by_ids(R)) {
       if (f_slab != cur_slab) {
         prev_slab = cur_slab;
         prev_expert = cur_expert;
@@ -243,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         // Padding ids and rows past an expert's count become zero rows.
         int src = -1;
         if (!f_dead && a_row[i] < T::m_rows) {
-          if constexpr (R == Route::Sorted) {
+          if constexpr (routed_by_ids(R)) {
             const int t = cur_ids[i];
             if (static_cast<unsigned>(t) < static_cast<unsigned>(p.route.rows)) src = t / p.route.top_k;
           } else if (a_row[i] < rows_in) {
@@ -704,9 +702,9 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 #pragma unroll
       for (int i = 0; i < kBCopies; ++i) ptx::prefetch_l2(pb[i] + s * b_step);
     }
-    ptx::griddep_wait();
     // Settled routing skipped enter_chain: the next kernel may start now.
-    if constexpr (R == Route::Sorted) ptx::griddep_launch_dependents();
+    if constexpr (routed_by_ids(R)) settled_wait();
+    else ptx::griddep_wait();
   }
   FERRUM_TIMELINE(timeline.stamp(probe::kSought);)
 #pragma unroll
@@ -742,7 +740,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       if (c_kt == 0 || i == 0) {
         const int col = (u_begin + i) / k_tiles;
         const int slab = col / n_tiles;
-        c_dead = R == Route::Sorted ? slab >= slabs || expert_of(slab) < 0 : slab_dead(slab);
+        c_dead = routed_by_ids(R) ? slab >= slabs || expert_of(slab) < 0 : slab_dead(slab);
         if constexpr (!T::wgmma) c_idle = (col - slab * n_tiles) * T::n_chunks + warp_n >= p.n / 64;
       }
     }
@@ -756,6 +754,13 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     c_kt = c_kt == k_tiles - 1 ? 0 : c_kt + 1;
   }
   ptx::cp_async_wait<0>();
+  // A settled direct launch clears last, long after its wait: the main loop's
+  // registers are free by then (in the prologue the clear cost them). Sorted
+  // launches cannot clear when settled: even here it costs their deep tiles
+  // registers (H200: GPT-OSS-like gate/up 1-2 % slower at M = 4..16).
+  if constexpr (R == Route::Direct) {
+    if (p.routing_settled) clear_share(p);
+  }
   FERRUM_TIMELINE(timeline.stamp(probe::kEnd); timeline.report(count, T::n_tile, T::k_tile, p.n, p.k);)
 }
 

@@ -38,8 +38,8 @@ cudaError_t launch_resident(int threads, size_t smem_bytes, int max_blocks, int 
     if (dev >= 0 && dev < kMaxDevices) resident[dev] = blocks;
   }
   int grid = launch.sms * blocks;
-  if constexpr (R != Route::Sorted) {
-    // Sorted launches learn their work on the device and split it there.
+  // Sorted and Direct launches split their work on the device (stripes_of).
+  if constexpr (!routed_by_ids(R)) {
     const int n_tiles = (args.n + n_tile - 1) / n_tile;  // as the kernel counts them
     const int k_tiles = (args.k + k_tile - 1) / k_tile;
     const int total = args.slabs * n_tiles * k_tiles;

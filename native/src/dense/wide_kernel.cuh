@@ -175,8 +175,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
           expert = slab < slabs ? __ldg(p.route.slab_experts + slab) : -1;
 #pragma unroll
           for (int j = 0; j < kACopies; ++j) {
-            const int idx = slab * W::m_rows + a_row + 16 * j;
-            const int t = idx < used_ids ? __ldg(p.route.sorted_ids + idx) : -1;
+            const int t = routed_row<R>(p.route, true, slab, a_row + 16 * j, W::m_rows, used_ids);
             a_live[j] = static_cast<unsigned>(t) < static_cast<unsigned>(p.route.rows);
             a_src[j] = a_live[j] ? t / p.route.top_k : 0;
           }

@@ -38,7 +38,8 @@ struct MoeCall {
   int add_rows_div = 0;
   void* clear = nullptr;
   size_t clear_bytes = 0;
-  int routing_settled = 0;
+  int routing_flags = 0;  // FERRUM_MOE_ROUTING_*
+  bool direct() const { return (routing_flags & FERRUM_MOE_ROUTING_DIRECT) != 0; }
 };
 
 template <class... Ts>
@@ -84,10 +85,11 @@ int check_layer_extras(const MoeCall& m) {
   }
   if ((m.clear == nullptr) != (m.clear_bytes == 0))
     return invalid("%s: clear_bytes must be positive exactly when clear is non-null", e);
-  if (m.routing_settled != 0 && m.routing_settled != 1)
-    return invalid("%s: routing_settled must be 0 or 1, got %d", e, m.routing_settled);
-  if (m.routing_settled && m.clear != nullptr)
-    return invalid("%s: routing_settled starts before the previous kernel is done and cannot clear", e);
+  if ((m.routing_flags & FERRUM_MOE_ROUTING_SETTLED) && m.clear != nullptr && !m.direct())
+    return invalid("%s: a settled launch clears only with direct routing (FERRUM_MOE_ROUTING_DIRECT)", e);
+  if (m.direct() && m.moe_block_size != 8)
+    return invalid("%s: direct routing puts one row in each slab and needs moe_block_size 8, got %d", e,
+                   m.moe_block_size);
   if (m.clear != nullptr) {
     if (int st = check_pointer(e, "clear", m.clear, 16)) return st;
     if (m.clear_bytes % 16 != 0)
@@ -110,9 +112,20 @@ int check_call(const MoeCall& m) {
   }
   if (int st = check_pointer(e, "b_scales", m.scales, 16)) return st;
   if (int st = check_pointer(e, "workspace", m.workspace, 4)) return st;
-  if (int st = check_pointer(e, "sorted_token_ids", m.sorted_token_ids, 4)) return st;
+  constexpr int kKnownFlags = FERRUM_MOE_ROUTING_SETTLED | FERRUM_MOE_ROUTING_DIRECT;
+  if ((m.routing_flags & ~kKnownFlags) != 0)
+    return invalid("%s: routing_flags %d holds bits other than FERRUM_MOE_ROUTING_SETTLED and _DIRECT", e,
+                   m.routing_flags);
+  if (m.direct()) {
+    if (m.sorted_token_ids != nullptr || m.num_tokens_past_padded != nullptr)
+      return invalid("%s: direct routing takes no sorted_token_ids or num_tokens_past_padded (pass NULL)", e);
+  } else {
+    if (int st = check_pointer(e, "sorted_token_ids", m.sorted_token_ids, 4)) return st;
+  }
   if (int st = check_pointer(e, "expert_ids", m.expert_ids, 4)) return st;
-  if (int st = check_pointer(e, "num_tokens_past_padded", m.num_tokens_past_padded, 4)) return st;
+  if (!m.direct()) {
+    if (int st = check_pointer(e, "num_tokens_past_padded", m.num_tokens_past_padded, 4)) return st;
+  }
   if (m.c_tmp != nullptr) {
     if (int st = check_pointer(e, "c_tmp", m.c_tmp, 16)) return st;
   }
@@ -234,11 +247,11 @@ int run(const MoeCall& m) {
   args.add_rows_div = m.add_rows_div;
   args.clear = static_cast<int4*>(m.clear);
   args.clear_int4 = static_cast<long long>(m.clear_bytes / 16);
-  args.routing_settled = m.routing_settled != 0;
+  args.routing_settled = (m.routing_flags & FERRUM_MOE_ROUTING_SETTLED) != 0;
   args.a_after_previous_kernel = args.routing_settled;
 
   int stage = FERRUM_STAGE_KERNEL_LAUNCH;
-  const cudaError_t err = launch_routed_gemm(m.a_type, m.w_type, m8, Route::Sorted, nc, args,
+  const cudaError_t err = launch_routed_gemm(m.a_type, m.w_type, m8, m.direct() ? Route::Direct : Route::Sorted, nc, args,
                                              Launch{facts.sms, m.dev, m.stream, /*overlap_previous=*/true}, &stage);
   if (err != cudaSuccess) return fail_cuda(stage, err, m.entry);
   record_launch(LaunchRecord{m.entry, m.prob_m, n, k, tile.k_tile, tile.n_tile, m.moe_block_size, m.top_k,
@@ -262,13 +275,13 @@ int f16_entry(const char* entry, bool fp8, const void* a, const void* b, void* c
               const int* num_tokens_past_padded, const float* topk_weights, int moe_block_size, int top_k,
               int mul_topk_weights, int is_ep, int prob_m, int prob_n, int prob_k, int group_size, int has_zp,
               int dev, ferrum_stream_t stream, int use_atomic_add, int use_fp32_reduce, int add_rows_div,
-              void* clear, size_t clear_bytes, int routing_settled) {
+              void* clear, size_t clear_bytes, int routing_flags) {
   const WType w = fp8 ? WType::FE4M3FN : has_zp ? WType::U4 : WType::U4B8;
   return ferrum::moe::run({entry, AType::F16, w, a, b, c, c_tmp, b_scales, b_zeros, nullptr, workspace,
                            sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
                            mul_topk_weights, is_ep, prob_m, prob_n, prob_k, group_size, has_zp, dev,
                            reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
-                           clear, clear_bytes, routing_settled});
+                           clear, clear_bytes, routing_flags});
 }
 
 int mxfp4_entry(const char* entry, const void* a, const void* b, void* c, void* c_tmp, const void* b_bias,
@@ -276,12 +289,12 @@ int mxfp4_entry(const char* entry, const void* a, const void* b, void* c, void* 
                 const int* num_tokens_past_padded, const float* topk_weights, int moe_block_size, int top_k,
                 int mul_topk_weights, int is_ep, int prob_m, int prob_n, int prob_k, int group_size, int dev,
                 ferrum_stream_t stream, int use_atomic_add, int use_fp32_reduce, int add_rows_div, void* clear,
-                size_t clear_bytes, int routing_settled) {
+                size_t clear_bytes, int routing_flags) {
   return ferrum::moe::run({entry, AType::BF16, WType::FE2M1, a, b, c, c_tmp, b_scales, nullptr, b_bias, workspace,
                            sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
                            mul_topk_weights, is_ep, prob_m, prob_n, prob_k, group_size, 0, dev,
                            reinterpret_cast<cudaStream_t>(stream), use_atomic_add, use_fp32_reduce, add_rows_div,
-                           clear, clear_bytes, routing_settled});
+                           clear, clear_bytes, routing_flags});
 }
 
 }  // namespace
@@ -324,21 +337,21 @@ FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16(FERRUM_MXFP4_MOE_PARAMS) {
 }
 
 FERRUM_API int ferrum_vllm_marlin_moe_f16_ex(FERRUM_F16_MOE_PARAMS, int add_rows_div, void* clear,
-                                             size_t clear_bytes, int routing_settled) {
+                                             size_t clear_bytes, int routing_flags) {
   return f16_entry("ferrum_vllm_marlin_moe_f16_ex", false, FERRUM_F16_MOE_ARGS, add_rows_div, clear, clear_bytes,
-                   routing_settled);
+                   routing_flags);
 }
 
 FERRUM_API int ferrum_vllm_marlin_moe_fp8_f16_ex(FERRUM_F16_MOE_PARAMS, int add_rows_div, void* clear,
-                                                 size_t clear_bytes, int routing_settled) {
+                                                 size_t clear_bytes, int routing_flags) {
   return f16_entry("ferrum_vllm_marlin_moe_fp8_f16_ex", true, FERRUM_F16_MOE_ARGS, add_rows_div, clear,
-                   clear_bytes, routing_settled);
+                   clear_bytes, routing_flags);
 }
 
 FERRUM_API int ferrum_vllm_marlin_moe_mxfp4_bf16_ex(FERRUM_MXFP4_MOE_PARAMS, int add_rows_div, void* clear,
-                                                    size_t clear_bytes, int routing_settled) {
+                                                    size_t clear_bytes, int routing_flags) {
   return mxfp4_entry("ferrum_vllm_marlin_moe_mxfp4_bf16_ex", FERRUM_MXFP4_MOE_ARGS, add_rows_div, clear,
-                     clear_bytes, routing_settled);
+                     clear_bytes, routing_flags);
 }
 
 }  // extern "C"

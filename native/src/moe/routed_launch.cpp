@@ -42,6 +42,11 @@ TileInfo info_bits(int m8, NConfig nc) {
 
 template <AType A, WType W, Route R>
 cudaError_t launch_height(int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
+  // Direct routing puts one row in a slab: only 8-row slabs are built for it.
+  if constexpr (R == Route::Direct) {
+    if (m8 == 1) return dense::launch_routed<A, W, 1, R>(nc, args, launch, stage);
+    return cudaErrorInvalidValue;
+  }
   switch (m8) {
     case 1:
       // Buckets hold 16 to 64 rows: no 8-row bucketed kernel is built.
@@ -116,6 +121,21 @@ bool routed_forced_config(int thread_k, int thread_n, NConfig* nc) {
   return true;
 }
 
+// The 8-warp routed kernels of every fused-MoE format, routed by R.
+template <Route R>
+cudaError_t launch_format(AType a, WType w, int m8, NConfig nc, Args& args, const Launch& launch, int* stage) {
+  if (a == AType::BF16) {
+    if (w == WType::FE2M1) return launch_height<AType::BF16, WType::FE2M1, R>(m8, nc, args, launch, stage);
+    return cudaErrorInvalidValue;
+  }
+  switch (w) {
+    case WType::U4B8: return launch_height<AType::F16, WType::U4B8, R>(m8, nc, args, launch, stage);
+    case WType::U4: return launch_height<AType::F16, WType::U4, R>(m8, nc, args, launch, stage);
+    case WType::FE4M3FN: return launch_height<AType::F16, WType::FE4M3FN, R>(m8, nc, args, launch, stage);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 cudaError_t launch_routed_gemm(AType a, WType w, int m8, Route r, NConfig nc, Args& args,
                                const Launch& launch, int* stage) {
   if (r == Route::Bucketed) {
@@ -135,18 +155,9 @@ cudaError_t launch_routed_gemm(AType a, WType w, int m8, Route r, NConfig nc, Ar
       default: return cudaErrorInvalidValue;
     }
   }
-  if (a == AType::BF16) {
-    if (w == WType::FE2M1)
-      return launch_height<AType::BF16, WType::FE2M1, Route::Sorted>(m8, nc, args, launch, stage);
-    return cudaErrorInvalidValue;
-  }
-  switch (w) {
-    case WType::U4B8: return launch_height<AType::F16, WType::U4B8, Route::Sorted>(m8, nc, args, launch, stage);
-    case WType::U4: return launch_height<AType::F16, WType::U4, Route::Sorted>(m8, nc, args, launch, stage);
-    case WType::FE4M3FN:
-      return launch_height<AType::F16, WType::FE4M3FN, Route::Sorted>(m8, nc, args, launch, stage);
-    default: return cudaErrorInvalidValue;
-  }
+  if (r == Route::Direct) return launch_format<Route::Direct>(a, w, m8, nc, args, launch, stage);
+  if (r == Route::Sorted) return launch_format<Route::Sorted>(a, w, m8, nc, args, launch, stage);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace ferrum::moe
