@@ -219,7 +219,7 @@ def launch_marlin_moe(
     all of an array by default) is zeroed by this launch for the next one;
     ``routing_settled``: the routing arrays and ``topk_weights`` were written
     before the stream's previous kernel, only ``a`` by it -- the launch reads
-    them while that kernel finishes (and clears once it is done);
+    them while that kernel finishes (a ``clear`` then needs ``direct_routing``);
     ``direct_routing``: no align step -- ``sorted_token_ids`` and
     ``num_tokens_past_padded`` are None, ``expert_ids`` holds the expert of
     each of the ``prob_m * top_k`` routed rows (``topk_ids`` as the router
