@@ -323,6 +323,47 @@ def test_one_layer_is_align_gemm_silu_gemm_on_one_stream(lib):
     assert out.__cuda_array_interface__["shape"] == (4, H)
 
 
+ROUTING_SETTLED, ROUTING_DIRECT = 1, 2  # routing_flags bits
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_one_token_skips_align_and_routes_each_row_directly(lib, top_k):
+    args = inputs(m=1, top_k=top_k)
+    out = ff.fused_moe(**args, stream=9)
+    assert lib.names() == ["memset", "memset", GEMM, "ferrum_silu_and_mul", GEMM]
+    gate_up, down = lib.args(GEMM, 0), lib.args(GEMM, 1)
+    rows_bytes = top_k * 2 * I * 2
+    # The gate/up output: a buffer zeroed once when allocated (on the layer's stream) ...
+    assert lib.args("memset", 1)[1:] == (0, max(rows_bytes, 16), 9) and lib.args("memset", 1)[0] == gate_up[C]
+    # ... that both GEMMs route by topk_ids, one row per 8-row slab, without align arrays ...
+    for gemm in (gate_up, down):
+        assert (gemm[SORTED], gemm[EXPERTS], gemm[COUNT], gemm[BLOCK]) == (None, ptr(args["topk_ids"]), None, 8)
+    assert gate_up[ADD_ROWS:] == (1, ptr(out), H * 2, ROUTING_DIRECT)
+    # ... and the down GEMM clears once the activation has read it, for the next call.
+    assert down[ADD_ROWS:] == (top_k, gate_up[C], rows_bytes, ROUTING_DIRECT | ROUTING_SETTLED)
+    assert down[PROB_M:GROUP] == (top_k, H, I) and down[C] == ptr(out)
+    lib.calls.clear()
+    ff.fused_moe(**args, stream=9)  # the kept plan: no allocation, no memset
+    assert lib.names() == [GEMM, "ferrum_silu_and_mul", GEMM]
+
+
+def test_a_failing_step_restores_the_zero_kept_gate_up_output(lib, monkeypatch):
+    monkeypatch.setattr(lib, "ferrum_silu_and_mul", lambda *a: (6 << 16) | 1, raising=False)
+    with pytest.raises(ff.NativeError, match="ferrum_silu_and_mul"):
+        ff.fused_moe(**inputs(m=1, top_k=2), stream=3)
+    # The gate/up GEMM added into the buffer, the down GEMM that clears it never ran.
+    assert lib.names() == ["memset", "memset", GEMM, "memset"]
+    assert lib.args("memset", 2) == (lib.args(GEMM)[C], 0, 2 * 2 * I * 2, 3)
+
+
+def test_one_token_keeps_align_with_an_expert_map_fp32_reduce_or_a_forced_block(lib):
+    expert_map = FakeCAI((8,), "<i4")
+    ff.fused_moe(**inputs(m=1, top_k=2), expert_map=expert_map)
+    ff.fused_moe(**inputs(m=1, top_k=2), fp32_reduce=True)
+    ff.fused_moe(**inputs(m=1, top_k=2), block_size=16)
+    assert lib.names().count(ALIGN) + lib.names().count("ferrum_moe_align_block_size") == 3
+
+
 def test_fp32_reduce_keeps_the_rows_and_sums_them_in_order(lib):
     args = inputs()
     out = ff.fused_moe(**args, fp32_reduce=True)
