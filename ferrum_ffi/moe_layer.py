@@ -310,7 +310,7 @@ def _output(out: Any, hidden: Any, call: _Call, n: int, dtype: np.dtype) -> tupl
 # Where the caller's values go among the native arguments (prototype order,
 # _native.PROTOTYPES; the ``*_call`` builders name these positions) ...
 _GEMM_A, _GEMM_C, _GEMM_EXPERT_IDS, _GEMM_TOPK_WEIGHTS = 0, 2, 8, 10  # both fused-MoE GEMM signatures
-_GEMM_CLEAR = -3  # the _ex variants: add_rows_div, clear, clear_bytes, routing_settled come last
+_GEMM_CLEAR = -3  # the _ex variants: add_rows_div, clear, clear_bytes, routing_flags come last
 _ALIGN_TOPK_IDS, _ALIGN_EXPERT_MAP = 0, 5
 _SWIGLU_ALPHA, _SWIGLU_LIMIT = 5, 6
 _SUM_OUT = 1
