@@ -147,6 +147,16 @@ class MarlinMoeWeight:
         return 1 if self.group_size == -1 else self.k // self.group_size
 
     @property
+    def expert_bytes(self) -> int:
+        """What one expert's slab streams: its codes, scales, zero points and bias."""
+        n, groups = self.n, self.num_groups
+        codes = self.k * n * (8 if self.kind == "fe4m3fn" else 4) // 8
+        scales = groups * n * (1 if self.kind == "mxfp4" else 2)
+        zeros = groups * n // 2 if self.zero_points is not None else 0
+        bias = 2 * n if self.bias is not None else 0
+        return codes + scales + zeros + bias
+
+    @property
     def on_device(self) -> bool:
         return not isinstance(self.qweight, np.ndarray)
 

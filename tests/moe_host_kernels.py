@@ -16,7 +16,13 @@ import ctypes
 import ml_dtypes
 import numpy as np
 
-from ferrum_ffi._abi import FERRUM_DTYPE_BF16, FERRUM_DTYPE_F16, FERRUM_DTYPE_F32
+from ferrum_ffi._abi import (
+    FERRUM_DTYPE_BF16,
+    FERRUM_DTYPE_F16,
+    FERRUM_DTYPE_F32,
+    FERRUM_MOE_ROUTING_DIRECT,
+    FERRUM_MOE_ROUTING_SETTLED,
+)
 
 from . import mm_fakes
 from . import moe_reference as ops
@@ -139,18 +145,24 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
     # ---- the GEMMs ---------------------------------------------------------------------
 
     def _gemm(self, dtype, a, b, c, workspace, sorted_ids, expert_ids, count, topk_weights, block, top_k, mul,
-              is_ep, prob_m, prob_n, prob_k, add_rows_div=0, clear=None, clear_bytes=0):
+              is_ep, prob_m, prob_n, prob_k, add_rows_div=0, clear=None, clear_bytes=0, flags=0):
         """C[t] = A[t // top_k] @ W[e] (+ bias[e]) (x topk_weights[t]) for every
-        id t of a block whose expert e is not skipped; with add_rows_div, C[t //
-        div] += that, rounded after every add; ``clear`` zeroed first."""
+        id t of a block whose expert e is not skipped (direct routing: every
+        row t, expert expert_ids[t]); with add_rows_div, C[t // div] += that,
+        rounded after every add; ``clear`` zeroed first (settled: last)."""
         assert (at(workspace, np.int32, (4 * self.sms,)) == 0).all(), "the workspace must be zero on entry"
-        if clear is not None:
+        settled = bool(flags & FERRUM_MOE_ROUTING_SETTLED)
+        if clear is not None and not settled:
             ctypes.memset(clear, 0, clear_bytes)
         dense, bias = self.weights[b]
         rows = prob_m * top_k
-        used = int(at(count, np.int32, (1,))[0])
-        ids = at(sorted_ids, np.int32, (used,))
-        experts = at(expert_ids, np.int32, (used // block,))
+        if flags & FERRUM_MOE_ROUTING_DIRECT:
+            assert sorted_ids is None and count is None and block == 8
+            ids, experts, block = np.arange(rows), at(expert_ids, np.int32, (rows,)), 1
+        else:
+            used = int(at(count, np.int32, (1,))[0])
+            ids = at(sorted_ids, np.int32, (used,))
+            experts = at(expert_ids, np.int32, (used // block,))
         a_rows = at(a, dtype, (prob_m, prob_k)).astype(np.float64)
         scale = at(topk_weights, np.float32, (rows,)) if mul else None
         div = add_rows_div if add_rows_div > 0 else 1
@@ -164,6 +176,8 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
             if add_rows_div > 0:
                 value = value + out[t // div].astype(np.float64)
             out[t // div] = _round(value, dtype)
+        if clear is not None and settled:
+            ctypes.memset(clear, 0, clear_bytes)
         return 0
 
     def ferrum_vllm_marlin_moe_f16(self, a, b, c, c_tmp, scales, zp, workspace, sorted_ids, expert_ids, count,
@@ -177,10 +191,10 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
 
     def ferrum_vllm_marlin_moe_f16_ex(self, a, b, c, c_tmp, scales, zp, workspace, sorted_ids, expert_ids, count,
                                       topk_weights, block, top_k, mul, is_ep, prob_m, prob_n, prob_k, group, has_zp,
-                                      dev, stream, atomic, fp32, add_rows_div, clear, clear_bytes, settled):
+                                      dev, stream, atomic, fp32, add_rows_div, clear, clear_bytes, flags):
         self.calls.append("gemm_f16")
         return self._gemm(np.dtype(np.float16), a, b, c, workspace, sorted_ids, expert_ids, count, topk_weights,
-                          block, top_k, mul, is_ep, prob_m, prob_n, prob_k, add_rows_div, clear, clear_bytes)
+                          block, top_k, mul, is_ep, prob_m, prob_n, prob_k, add_rows_div, clear, clear_bytes, flags)
 
     ferrum_vllm_marlin_moe_fp8_f16_ex = ferrum_vllm_marlin_moe_f16_ex
 
@@ -194,7 +208,7 @@ class HostMoeLibrary(mm_fakes.FakeLibrary):
     def ferrum_vllm_marlin_moe_mxfp4_bf16_ex(self, a, b, c, c_tmp, bias, scales, workspace, sorted_ids, expert_ids,
                                              count, topk_weights, block, top_k, mul, is_ep, prob_m, prob_n, prob_k,
                                              group, dev, stream, atomic, fp32, add_rows_div, clear, clear_bytes,
-                                             settled):
+                                             flags):
         self.calls.append("gemm_mxfp4")
         return self._gemm(BF16, a, b, c, workspace, sorted_ids, expert_ids, count, topk_weights, block, top_k, mul,
-                          is_ep, prob_m, prob_n, prob_k, add_rows_div, clear, clear_bytes)
+                          is_ep, prob_m, prob_n, prob_k, add_rows_div, clear, clear_bytes, flags)

@@ -225,6 +225,8 @@ def lib(monkeypatch):
     monkeypatch.setattr(_scratch, "_cache", {})
     monkeypatch.setattr(_scratch, "_arrays", {})
     monkeypatch.setattr(_scratch, "_plans", weakref.WeakKeyDictionary())
+    # Several tokens align their rows (the tiny test experts would otherwise route directly).
+    monkeypatch.setattr(layer, "DIRECT_ROUTING_MAX_REPEAT_BYTES", -1)
     return fake
 
 
@@ -345,6 +347,24 @@ def test_one_token_skips_align_and_routes_each_row_directly(lib, top_k):
     lib.calls.clear()
     ff.fused_moe(**args, stream=9)  # the kept plan: no allocation, no memset
     assert lib.names() == [GEMM, "ferrum_silu_and_mul", GEMM]
+
+
+@pytest.mark.parametrize("experts, top_k, expert_mb, direct_up_to", [
+    (128, 8, 2.43, 4),  # Qwen3-30B-A3B-like: repeats expected at M = 4: 2.9 rows, 7 MB; at M = 5: 4.7, 11.4 MB
+    (32, 4, 13.3, 2),   # GPT-OSS-20B-like: M = 2: 0.5 rows, 6.6 MB; M = 3: 1.4 rows, 19 MB
+    (8, 8, 0.04, 32),   # tiny experts (40 KB): align costs more than streaming them again
+])
+def test_direct_routing_pays_while_the_expected_repeats_are_few(experts, top_k, expert_mb, direct_up_to):
+    expert_bytes = int(expert_mb * (1 << 20))
+    decided = [layer.direct_routing_pays(m, top_k, experts, expert_bytes) for m in range(1, 41)]
+    assert decided == [m <= direct_up_to for m in range(1, 41)]
+    assert layer.direct_routing_pays(1, top_k, experts, 1 << 60)  # one token never repeats an expert
+
+
+def test_a_layer_of_a_few_tokens_routes_directly_when_it_pays(lib, monkeypatch):
+    monkeypatch.setattr(layer, "DIRECT_ROUTING_MAX_REPEAT_BYTES", 10 << 20)
+    ff.fused_moe(**inputs(m=4, top_k=2))  # tiny experts: repeats cost less than align
+    assert ALIGN not in lib.names() and lib.args(GEMM)[ADD_ROWS:][-1] == ROUTING_DIRECT
 
 
 def test_a_failing_step_restores_the_zero_kept_gate_up_output(lib, monkeypatch):

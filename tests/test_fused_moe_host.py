@@ -40,6 +40,8 @@ def lib(monkeypatch):
     monkeypatch.setattr(_scratch, "_cache", {})
     monkeypatch.setattr(_scratch, "_arrays", {})
     monkeypatch.setattr(_scratch, "_plans", weakref.WeakKeyDictionary())
+    # Several tokens align their rows (a test asks for direct routing by name).
+    monkeypatch.setattr(layer, "DIRECT_ROUTING_MAX_REPEAT_BYTES", -1)
     return fake
 
 
@@ -118,6 +120,21 @@ def test_layer_matches_the_reference(lib, kind, m, top_k, fp32_reduce):
     assert lib.calls == ["memset", "align", gemm] + middle + [gemm] + summed
     if kind == "mxfp4":  # the default: no K padding
         assert (moe_layer.w13.k, moe_layer.w2.k) == (moe_layer.w13.logical_k, moe_layer.w2.logical_k) == (192, 192)
+
+
+@pytest.mark.parametrize("kind, m, top_k", [("u4b8", 5, 2), ("u4b8", 1, 8), ("fe4m3fn", 6, 8), ("mxfp4", 3, 4)])
+def test_direct_routing_matches_the_reference_with_shared_experts(lib, monkeypatch, kind, m, top_k):
+    # Tokens sharing experts (8 experts, top_k up to 8): every routed row is a
+    # slab of its own, no align; the gate/up output is left zero for the next call.
+    monkeypatch.setattr(layer, "DIRECT_ROUTING_MAX_REPEAT_BYTES", 1 << 62)
+    moe_layer = Layer(lib, kind)
+    gemm = "gemm_mxfp4" if kind == "mxfp4" else "gemm_f16"
+    middle = [moe_layer.activation.replace("silu", "silu_and_mul")]
+    for seed in range(2):  # the second call adds into what the first call's down GEMM cleared
+        x, weights, ids = moe_layer.inputs(m, top_k, seed=seed)
+        lib.calls.clear()
+        assert_matches(moe_layer.run(x, weights, ids), moe_layer.reference(x, weights, ids), (moe_layer.dtype, top_k))
+        assert lib.calls == (["memset", "memset"] if seed == 0 else []) + [gemm] + middle + [gemm]
 
 
 @pytest.mark.parametrize("m, top_k", [(5, 2), (40, 3)])
