@@ -104,8 +104,9 @@ TileInfo tile_info(int m8, NConfig nc, int bits) {
 // below) whose n and k the 256 x 64 tile divides take the warp-specialised kernel;
 // elsewhere slabs of up to 8 rows on Hopper, and small slabs on long problems
 // (at least 8 units per resident block, two blocks per SM), take 16 KB 4-bit
-// weight stages; otherwise 128x128 tiles keep many columns and short k runs. 64-row slabs prefer 256 columns per
-// tile, which halves the activation traffic per weight byte.
+// weight stages; otherwise 128x128 tiles keep many columns and short k runs.
+// 64-row slabs prefer 256 columns per tile, which halves the activation
+// traffic per weight byte.
 NConfig auto_config(int m, int n, int k, int group_size, int sms, WType w, bool hopper) {
   const int m8 = slab_m8(m);
   const int bits = weight_bits(w);
