@@ -103,6 +103,9 @@ TYPES = {
     "bf16-u8b128": ("bfloat16", "U8B128", -1),
     "f16-fe4m3fn": ("float16", "FE4M3FN", -1),
     "bf16-fe4m3fn": ("bfloat16", "FE4M3FN", -1),
+    # 8-bit weights in groups of 128
+    "f16-u8b128-g128": ("float16", "U8B128", 128),
+    "f16-fe4m3fn-g128": ("float16", "FE4M3FN", 128),
     # channelwise INT4 (one scale per column)
     "f16-u4b8-ch": ("float16", "U4B8", -1),
     "bf16-u4-ch": ("bfloat16", "U4", -1),

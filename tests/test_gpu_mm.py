@@ -295,6 +295,21 @@ def test_tile_overrides(cp, tile, b_type, dtype_name, m):
     assert relative_l2(out, ref) < TOLERANCE[weight.dtype]
 
 
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("b_type", ["U8B128", "FE4M3FN"])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_deep_tile_for_8bit_weights(cp, group_size, b_type, dtype_name, m):
+    # On Hopper 8-row slabs of 8-bit weights take the deep tile by themselves
+    # (not bf16 INT8); forced here so every group mode runs on it on any GPU.
+    if b_type == "FE4M3FN" and group_size in (32, 64):
+        pytest.skip("FP8 groups are -1 or 128")
+    weight = cached_weight(cp, b_type, dtype_name, group_size, False)
+    for fp32_reduce in (False, True):
+        out, ref = run(cp, weight, m, thread_k=128, thread_n=256, seed=m, fp32_reduce=fp32_reduce)
+        assert relative_l2(out, ref) < TOLERANCE[weight.dtype]
+
+
 @pytest.mark.parametrize("sms", [1, 7, 64])
 def test_fewer_sms(cp, sms):
     weight = cached_weight(cp, "U4", "bf16", 64, True)

@@ -107,7 +107,7 @@ TileInfo tile_info(int m8, NConfig nc, int bits) {
 // weight stages; otherwise 128x128 tiles keep many columns and short k runs.
 // 64-row slabs prefer 256 columns per tile, which halves the activation
 // traffic per weight byte.
-NConfig auto_config(int m, int n, int k, int group_size, int sms, WType w, bool hopper) {
+NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType w, bool hopper) {
   const int m8 = slab_m8(m);
   const int bits = weight_bits(w);
   if (hopper && n % 256 == 0 && k % 64 == 0) {
@@ -142,10 +142,13 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, WType w, bool 
   // each block then gets (H200, m = 1..8, 2048 x 2048 up to 14336 x 4096,
   // against 128 x 128: W4A16 2-9 % faster, f16-u4 3-13 %, bf16 act-order
   // 3-13 %; only channelwise weights at m = 8 on 4096-wide shapes lost, by
-  // up to 2.6 %).
-  const bool deep_fits = bits == 4 && m8 <= kDeepTileMaxM8 && n % 256 == 0 && k % 128 == 0;
-  if (deep_fits && ((hopper && m8 == 1) ||
-                    static_cast<int64_t>(n / 256) * (k / 128) >= static_cast<int64_t>(16) * sms))
+  // up to 2.6 %). 8-bit weights there too (FP8 1-8 %, fp16 INT8 1-5 %), but
+  // not bf16 INT8: its two images per code fill the deep tile's registers
+  // (2.8 % slower on 8192 x 28672).
+  const bool divides = m8 <= kDeepTileMaxM8 && n % 256 == 0 && k % 128 == 0;
+  const bool two_images = a == AType::BF16 && w == WType::U8B128;
+  if (divides && hopper && m8 == 1 && !two_images) return NConfig::N256_K128;
+  if (divides && bits == 4 && static_cast<int64_t>(n / 256) * (k / 128) >= static_cast<int64_t>(16) * sms)
     return NConfig::N256_K128;
   if (m8 == 8 && n % 256 == 0) return NConfig::N256_K64;
   if (n % 128 == 0) return NConfig::N128_K128;

@@ -13,7 +13,7 @@ int slab_m8(int m);
 TileInfo tile_info(int m8, NConfig nc, int bits);
 
 // The automatic tile for an m-row problem.
-NConfig auto_config(int m, int n, int k, int group_size, int sms, WType w, bool hopper);
+NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType w, bool hopper);
 
 // (thread_k, thread_n) as the original kernel names them; false if no tile.
 bool forced_config(int thread_k, int thread_n, NConfig* nc);

@@ -73,7 +73,7 @@ int w4a16(const void* A, const void* B, void* C, const void* s, int prob_m, int 
                      prob_n / narrowest, max_par);
   DeviceFacts facts{};
   if (int st = query_device(kEntry, dev, sms, &facts)) return st;
-  if (!forced) nc = auto_config(prob_m, prob_n, prob_k, groupsize, facts.sms, WType::U4B8, facts.hopper);
+  if (!forced) nc = auto_config(prob_m, prob_n, prob_k, groupsize, facts.sms, AType::F16, WType::U4B8, facts.hopper);
   else if (nc == NConfig::N256_K64 && m8 == 8 && facts.hopper) nc = NConfig::N256_K64_WGMMA;
   fit_shared_memory(facts.max_smem, kBits, !forced, &nc, &m8);  // the check below reports a misfit
   const TileInfo tile = tile_info(m8, nc, kBits);

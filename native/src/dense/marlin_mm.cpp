@@ -209,11 +209,11 @@ int mm(const FerrumMarlinLaunch* launch) {
     // tiles (16-row slabs have no row-group mode); otherwise the 8-warp tile.
     nc = NConfig::N128_K128_ROW_GROUPS;
     if (!forced && l.m > 16) {
-      const NConfig wide = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, w_type, facts.hopper);
+      const NConfig wide = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
       if (is_wide(wide)) nc = wide;
     }
   } else if (!forced) {
-    nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, w_type, facts.hopper);
+    nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
   }
   else if (nc == NConfig::N256_K64 && m8 == 8 && facts.hopper) nc = NConfig::N256_K64_WGMMA;
   fit_shared_memory(facts.max_smem, bits, !forced, &nc, &m8);  // the check below reports a misfit
