@@ -40,6 +40,20 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t word, uint32_t exponent
   return ptx::lop3<kLop3Or>(word, 0x000f000fu, exponent);
 }
 
+// nibble_pair(word >> 4, Image) by one fp16 FMA instead of a shift: the
+// 8-row slabs' stages saturate the integer pipe, the FMA pipe has room. The
+// nibbles at bits 4..7, read in place under fp16's exponent, are x = 1024 +
+// 16q; the result's bits are Image | q, an fp16 value v + q u (v the value of
+// Image, u its mantissa step), so x u / 16 + v - 64 u is exact. Images: fp16
+// 1024 + q; bf16 128 + q and 2048 + 16q (fp16 3.5 + q / 512, 5 + q / 256).
+template <uint32_t Image>
+__device__ __forceinline__ uint32_t high_nibble_pair(uint32_t word) {
+  static_assert(Image == 0x64006400u || Image == 0x43004300u || Image == 0x45004500u, "no fp16 form");
+  constexpr uint32_t kMul = Image == 0x64006400u ? 0x2c002c00u : Image == 0x43004300u ? 0x08000800u : 0x0c000c00u;
+  constexpr uint32_t kAdd = Image == 0x64006400u ? 0x63806380u : Image == 0x43004300u ? 0x42c042c0u : 0x44c044c0u;
+  return Num<AType::F16>::fma(ptx::lop3<kLop3Or>(word, 0x00f000f0u, 0x64006400u), kMul, kAdd);
+}
+
 // Four equal registers, or {x, y, x, y} as a 16x16 fragment.
 __device__ __forceinline__ Frag16x16 splat(uint32_t x) { return Frag16x16{{x, x, x, x}}; }
 
@@ -102,12 +116,13 @@ struct Format {
         f.r[1] = ptx::lop3<kLop3Or>(w[0] >> 8, 0x000f000fu, kExp);
         f.r[3] = ptx::lop3<kLop3Or>(w[0] >> 8, 0x00f000f0u, kExp);
       } else {
-        // Every image E + q: bf16 has 7 mantissa bits, so 16q would reach the
-        // exponent; U4 wants one zero-point offset per column for all k.
+        // Every image E + q (U4 wants one zero-point offset per column for all
+        // k); the nibbles at bits 4..7 without a shift (see high_nibble_pair).
+        const uint32_t high = w[0] >> 8;
         f.r[0] = nibble_pair(w[0], kExp);
-        f.r[2] = nibble_pair(w[0] >> 4, kExp);
-        f.r[1] = nibble_pair(w[0] >> 8, kExp);
-        f.r[3] = nibble_pair(w[0] >> 12, kExp);
+        f.r[2] = high_nibble_pair<kExp>(w[0]);
+        f.r[1] = nibble_pair(high, kExp);
+        f.r[3] = high_nibble_pair<kExp>(high);
       }
     } else if constexpr (W == WType::U8B128 && !bf16) {
       // Byte q under exponent 0x64: 1024 + q.
@@ -119,14 +134,14 @@ struct Format {
       // q = lo + 16 hi: images 128 + lo and, under exponent 2^11 (mantissa
       // step 16), 2048 + 16 hi.
       constexpr uint32_t kExpHi = 0x45004500u;
-      f.r[0] = nibble_pair(w[0], kExp);
-      f_hi.r[0] = nibble_pair(w[0] >> 4, kExpHi);
-      f.r[2] = nibble_pair(w[0] >> 8, kExp);
-      f_hi.r[2] = nibble_pair(w[0] >> 12, kExpHi);
-      f.r[1] = nibble_pair(w[1], kExp);
-      f_hi.r[1] = nibble_pair(w[1] >> 4, kExpHi);
-      f.r[3] = nibble_pair(w[1] >> 8, kExp);
-      f_hi.r[3] = nibble_pair(w[1] >> 12, kExpHi);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t high = w[i] >> 8;
+        f.r[i] = nibble_pair(w[i], kExp);
+        f_hi.r[i] = high_nibble_pair<kExpHi>(w[i]);
+        f.r[i + 2] = nibble_pair(high, kExp);
+        f_hi.r[i + 2] = high_nibble_pair<kExpHi>(high);
+      }
     } else {
       f.r[0] = fp8_odd(w[0] << 8);
       f.r[2] = fp8_odd(w[0]);
@@ -288,31 +303,21 @@ template <class F, int M8, bool CorrectionInPartials = false>
 __device__ __forceinline__ void fold_images(float (&acc)[4][M8][4], const float (&part)[4][M8][4],
                                             const float (&corr)[M8][4], const uint32_t (&scale_pairs)[4],
                                             uint32_t zero_word) {
-  // Zero points: s (E + z) is exact in fp32 (11 by 11 bits), and its
-  // products with the corrections need no partials, so they can issue while
-  // the window's last MMAs are still in flight; only one FMA per value waits
-  // for them (as without zero points).
-  if constexpr (F::zero_points) {
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const float2 s = F::N::to_float2(scale_pairs[t]);
-      const float2 ez = F::N::to_float2(F::zero_pair(zero_word, t));  // E + z
-      const float2 sez = make_float2(s.x * ez.x, s.y * ez.y);
-#pragma unroll
-      for (int j = 0; j < M8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[t][j][e] = fmaf(e < 2 ? sez.x : sez.y, corr[j][e], acc[t][j][e]);
-    }
-  }
+  // Zero points: one FMA per value takes the column's E + z times the
+  // correction sums off the partial (one rounding), one more applies the
+  // scale; no per-column s (E + z) products.
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const float2 s = F::N::to_float2(scale_pairs[t]);
+    [[maybe_unused]] float2 ez;
+    if constexpr (F::zero_points) ez = F::N::to_float2(F::zero_pair(zero_word, t));  // E + z
 #pragma unroll
     for (int j = 0; j < M8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float v = part[t][j][e];
-        if constexpr (F::const_correction && !CorrectionInPartials) v += corr[j][e];
+        if constexpr (F::zero_points) v = fmaf(e < 2 ? ez.x : ez.y, corr[j][e], v);
+        else if constexpr (F::const_correction && !CorrectionInPartials) v += corr[j][e];
         acc[t][j][e] = fmaf(e < 2 ? s.x : s.y, v, acc[t][j][e]);
       }
   }
