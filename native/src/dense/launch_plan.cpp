@@ -102,9 +102,10 @@ TileInfo tile_info(int m8, NConfig nc, int bits) {
 
 // On Hopper (sm_90a) problems of more than 16 rows (and most of 9..16, see
 // below) whose n and k the 256 x 64 tile divides take the warp-specialised kernel;
-// elsewhere slabs of up to 8 rows on Hopper, and small slabs on long problems
-// (at least 8 units per resident block, two blocks per SM), take 16 KB 4-bit
-// weight stages; otherwise 128x128 tiles keep many columns and short k runs.
+// elsewhere slabs of up to 8 rows on Hopper (4-bit, FP8 and fp16 INT8 weights),
+// and small 4-bit slabs on long problems (at least 8 units per resident block,
+// two blocks per SM), take the deep 256 x 128 tile; otherwise 128x128 tiles keep
+// many columns and short k runs.
 // 64-row slabs prefer 256 columns per tile, which halves the activation
 // traffic per weight byte.
 NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType w, bool hopper) {
