@@ -11,7 +11,9 @@ flushed before every timed launch, median of many launches):
 With ``--types`` the general GEMM (``ferrum_ffi.linear``) is measured instead,
 per activation and weight type (e.g. ``bf16-u4``, ``f16-fe4m3fn``; ``all`` for
 every one), against cuBLAS of the same activation type (CuPy fp16; PyTorch for
-bf16) and the read roofline of that type's weight + scale bytes.
+bf16) and the read roofline of that type's weight + scale bytes; ``w4a16`` among
+them adds the W4A16 kernel, and every row then carries its time over W4A16's
+on the same shape and m (``vs_w4a16``: the zero-point types' target).
 Prints a table (speed-up over cuBLAS, fraction of the read roofline) and writes
 JSON. Usage: python scripts/bench.py [--quick] [--types all] [--json out.json]
 """
@@ -93,6 +95,7 @@ def bench_shape(cp, ff, timer, k: int, n: int, m_values, repeat: int, read_kerne
     return rows
 
 
+W4A16 = "w4a16"  # --types name of the W4A16 kernel (marlin_gemm), the zero-point types' yardstick
 # activation-weight name -> (activation dtype, weight type name, group size)
 TYPES = {
     "f16-u4b8": ("float16", "U4B8", 128),
@@ -211,7 +214,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=Path("bench_w4a16.json"))
     parser.add_argument("--shapes", type=str, default="", help="k x n list, e.g. 8192x28672,4096x4096")
     parser.add_argument("--types", type=str, default="",
-                        help="general GEMM types, comma-separated (" + ", ".join(TYPES) + ") or 'all'")
+                        help="general GEMM types, comma-separated (" + ", ".join((W4A16, *TYPES)) + ") or 'all'")
     parser.add_argument("--tile", type=int, nargs=2, default=(-1, -1), metavar=("THREAD_K", "THREAD_N"),
                         help="force a tile (for tuning); default automatic")
     args = parser.parse_args(argv)
@@ -236,25 +239,31 @@ def main(argv=None) -> int:
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     read_kernel = cp.RawKernel(_READ_KERNEL, "stream_read")
     timer = Timer(cp)
-    types = list(TYPES) if args.types == "all" else [t for t in args.types.split(",") if t]
+    types = [W4A16, *TYPES] if args.types == "all" else [t for t in args.types.split(",") if t]
+    with_w4a16 = W4A16 in types
+    types = [t for t in types if t != W4A16]
     unknown = [t for t in types if t not in TYPES]
     if unknown:
-        print(f"bench: unknown --types {unknown}; choose from {list(TYPES)}", file=sys.stderr)
+        print(f"bench: unknown --types {unknown}; choose from {[W4A16, *TYPES]}", file=sys.stderr)
         return 2
     results = []
     for k, n in shapes:
+        if with_w4a16 or not types:
+            results += bench_shape(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, tuple(args.tile))
         if types:
             results += bench_types(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, types, tuple(args.tile))
-        else:
-            results += bench_shape(cp, ff, timer, k, n, args.m, repeat, read_kernel, sms, tuple(args.tile))
+    w4a16_us = {(r["k"], r["n"], r["m"]): r["marlin_us"] for r in results if "type" not in r}
+    if types and w4a16_us:
+        for r in results:
+            r["vs_w4a16"] = r["marlin_us"] / w4a16_us[(r["k"], r["n"], r["m"])]
     args.json.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                                      "results": results}, indent=2))
     print(f"{'type':>12} {'k x n':>13} {'m':>5} {'marlin us':>10} {'cublas us':>10} {'read us':>8} "
-          f"{'x cuBLAS':>9} {'of read':>8} {'TB/s':>6}")
+          f"{'x cuBLAS':>9} {'of read':>8} {'TB/s':>6} {'/ W4A16':>8}")
     for r in results:
         print(f"{r.get('type', 'f16-w4a16'):>12} {r['k']:>6}x{r['n']:<6} {r['m']:>5} {r['marlin_us']:>10.1f} {r['cublas_us']:>10.1f} "
               f"{r['read_us']:>8.1f} {r['speedup_vs_cublas']:>8.2f}x {r['fraction_of_read_roofline']:>7.0%} "
-              f"{r['marlin_tb_s']:>6.2f}")
+              f"{r['marlin_tb_s']:>6.2f} {r.get('vs_w4a16', float('nan')):>8.3f}")
     return 0
 
 
