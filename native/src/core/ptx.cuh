@@ -157,6 +157,9 @@ __device__ __forceinline__ void enter_chain() {
   griddep_wait();
   griddep_launch_dependents();
 }
+// Makes x opaque to the compiler: a value computed once stays in a register
+// instead of being rebuilt from its inputs where it is used.
+__device__ __forceinline__ void opaque(int& x) { asm volatile("" : "+r"(x)); }
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }

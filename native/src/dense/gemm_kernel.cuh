@@ -420,8 +420,17 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   };
   // The lane's weight words of one 16-deep k step of its chunk: tile t owns
   // words [t * F::words, (t + 1) * F::words).
+  // The lane's offsets in a stage's weights and group rows, and its activation
+  // base on the image path: fixed for the kernel and kept opaque, because under
+  // the 128-register cap ptxas otherwise rebuilds them from the thread index at
+  // every stage (~15 integer instructions per warp and stage, on the pipe the
+  // 8-row slabs are bound by).
+  int b_lane = warp_n * kChunkInt4 + lane * T::b_words;
+  int s_lane = warp_n * 8 + (lane >> 2);
+  ptx::opaque(b_lane);
+  ptx::opaque(s_lane);
   auto weight_words = [&](const int4* sb, int row, uint32_t (&w)[4 * F::words]) {
-    unit_words<F::words>(sb + (row * T::n_chunks + warp_n) * kChunkInt4 + lane * T::b_words, w);
+    unit_words<F::words>(sb + row * (T::n_chunks * kChunkInt4) + b_lane, w);
   };
   // {scale(c), scale(c + 8)} of tile t, and the zero-point word, of group row
   // s_row of the stage.
@@ -431,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
                                                       warp_n * kSChunkInt4)[lane >> 2];
       F::e8m0_pairs(sc.x, sc.y, sp);
     } else {
-      const int4 sc = ss[s_row * (T::n_chunks * 8) + warp_n * 8 + (lane >> 2)];
+      const int4 sc = ss[s_row * (T::n_chunks * 8) + s_lane];
       sp[0] = sc.x;
       sp[1] = sc.y;
       sp[2] = sc.z;
@@ -516,6 +525,11 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // or two steps for groups shorter than the tile); taller slabs are tensor-core
   // bound and multiply exact, scaled fragments once, as do row groups.
   constexpr bool kImages = T::m8 <= 2 && !T::wgmma && !kRowGroups;
+  int image_a_base = 0;  // see b_lane
+  if constexpr (kImages) {
+    image_a_base = activation_base(G == Groups::StagedShort ? warp_k * T::rows_per_warp : warp_k);
+    ptx::opaque(image_a_base);
+  }
   // col: the column tile of the stage (row groups only).
   auto compute_stage = [&](int slot, [[maybe_unused]] int col) {
     const int4* const sb = sh_b + slot * T::b_stage;
@@ -554,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         constexpr int group_mask = kPerRow ? 1 : 0;  // k steps per window - 1
         const int row0 = kPerRow ? warp_k * T::rows_per_warp : warp_k;
         const int row_stride = kPerRow ? 1 : T::warps_k;
-        const int a_base = activation_base(row0);
+        const int a_base = image_a_base;
         auto activations = [&](int row, uint32_t (&bf)[T::m8][2]) {
           load_activations(sa, a_base, 2 * (row - row0), bf);
 #pragma unroll
