@@ -418,8 +418,6 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       }
     }
   };
-  // The lane's weight words of one 16-deep k step of its chunk: tile t owns
-  // words [t * F::words, (t + 1) * F::words).
   // The lane's offsets in a stage's weights and group rows, and its activation
   // base on the image path: fixed for the kernel and kept opaque, because under
   // the 128-register cap ptxas otherwise rebuilds them from the thread index at
@@ -429,6 +427,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   int s_lane = warp_n * 8 + (lane >> 2);
   ptx::opaque(b_lane);
   ptx::opaque(s_lane);
+  // The lane's weight words of one 16-deep k step of its chunk: tile t owns
+  // words [t * F::words, (t + 1) * F::words).
   auto weight_words = [&](const int4* sb, int row, uint32_t (&w)[4 * F::words]) {
     unit_words<F::words>(sb + row * (T::n_chunks * kChunkInt4) + b_lane, w);
   };
