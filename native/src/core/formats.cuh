@@ -181,7 +181,19 @@ struct Format {
   // Exact unscaled weight values (q - zero; FP8: value / 256; E2M1: value),
   // U4 with one zero-point pair {E + z(c), E + z(c+8)} for all four rows.
   __device__ static Frag16x16 dequant(const uint32_t* w, uint32_t zero) {
-    if constexpr (zero_points) {
+    if constexpr (zero_points && !bf16) {
+      // The high nibbles in place (x = 1024 + 16q) need no image of their own:
+      // x/16 - (64 + z) = q - z is one exact FMA, with -(64 + z) = 960 - (E +
+      // z) made once per zero pair (the callers' unrolled steps share it).
+      const uint32_t neg_hi = N::sub(0x63806380u, zero);
+      const uint32_t high = w[0] >> 8;
+      Frag16x16 f;
+      f.r[0] = N::sub_low(nibble_pair(w[0], kExp), zero);
+      f.r[1] = N::sub_high(nibble_pair(high, kExp), zero);
+      f.r[2] = N::fma_low(ptx::lop3<kLop3Or>(w[0], 0x00f000f0u, kExp), 0x2c002c00u, neg_hi);
+      f.r[3] = N::fma_high(ptx::lop3<kLop3Or>(high, 0x00f000f0u, kExp), 0x2c002c00u, neg_hi);
+      return f;
+    } else if constexpr (zero_points) {
       // {E + z(c), E + z(c+8)}: registers 0, 2 take column c, 1, 3 column c + 8.
       Frag16x16 f, f_hi;
       images(w, f, f_hi);

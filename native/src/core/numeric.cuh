@@ -37,6 +37,13 @@ struct Num<AType::F16> {
   __device__ static uint32_t mul_high(uint32_t a, uint32_t b) { return u(__hmul2(v(a), __high2half2(v(b)))); }
   __device__ static uint32_t sub_low(uint32_t a, uint32_t b) { return u(__hsub2(v(a), __low2half2(v(b)))); }
   __device__ static uint32_t sub_high(uint32_t a, uint32_t b) { return u(__hsub2(v(a), __high2half2(v(b)))); }
+  // a * b plus the low or the high half of pair c, on both halves.
+  __device__ static uint32_t fma_low(uint32_t a, uint32_t b, uint32_t c) {
+    return u(__hfma2(v(a), v(b), __low2half2(v(c))));
+  }
+  __device__ static uint32_t fma_high(uint32_t a, uint32_t b, uint32_t c) {
+    return u(__hfma2(v(a), v(b), __high2half2(v(c))));
+  }
   __device__ static float2 to_float2(uint32_t a) { return __half22float2(v(a)); }
   __device__ static uint32_t from_floats(float lo, float hi) { return u(__floats2half2_rn(lo, hi)); }
   // Fire-and-forget reduction in L2: atomicAdd's returning form makes every
