@@ -569,18 +569,35 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     // The tensor cores are nearly idle at 16 rows; what limits is each
     // consumer's instructions and latency per slot. So the three warpgroups
     // take whole slots in turn (slot i: warpgroup i mod 3), three slots in
-    // work at once, each a step-by-step pipeline: a step's exact values
-    // (q - zero, formats.cuh; no scale) are made while the previous step's
-    // MMAs run, and the slot's fp32 partials are scaled once per group
-    // window, when its MMAs have retired (a window is the slot, or half of a
-    // 128-deep slot for groups of 64; channelwise: unit scales here, the
-    // epilogue applies the real ones). Exact values need no
-    // correction MMA (raw images would: one more MMA per step, and partials
-    // carrying ~1000 x the activation sums, which cost precision over a
-    // 128-deep slot). Warp w owns chunk w: per step, MMA h takes tile h of
-    // every chunk, and a lane's four tiles are its Marlin unit (one 16-byte
-    // load; two for 8-bit codes).
+    // work at once, each a step-by-step pipeline: a step's fragments (no
+    // scale) are made while the previous step's MMAs run, and the slot's fp32
+    // partials are scaled once per group window, when its MMAs have retired
+    // (a window is the slot, or half of a 128-deep slot for groups of 64;
+    // channelwise: unit scales here, the epilogue applies the real ones).
+    // Warp w owns chunk w: per step, MMA h takes tile h of every chunk, and a
+    // lane's four tiles are its Marlin unit (one 16-byte load; two for 8-bit
+    // codes).
+    //
+    // Integer codes multiply as raw images (E + q: one or two instructions
+    // per register where exact values q - z take two or three), and one more
+    // MMA per step with a constant fragment gives the activation sums that
+    // remove the images' offsets when the window folds (fold_images): the
+    // tensor cores have room at 16 rows, the integer and fp16 pipes do not.
+    // The partials then carry E (128 for bf16, 1024 for fp16) times the
+    // activation sums, which the fold cancels in fp32, as the 8-warp kernel's
+    // short slabs do. Exact values (formats.cuh) remain for FP8 and E2M1
+    // codes, and where the images' kernel spills: bf16 INT8 (two images per
+    // code, two MMAs) and fp16 codes in groups of 64 (two windows a slot).
+    constexpr bool kSlotImages =
+        (F::const_correction || F::zero_points) && !F::two_images && (F::bf16 || !TwoWindows);
     float part[4][W::m8][4];
+    [[maybe_unused]] float corr[W::m8][4];
+    // Kept in one register quad for the whole loop: ptxas rebuilt the
+    // constants before every step. OR-ed with zeros it cannot know (k > 0),
+    // four different ones (equal values were merged and copied per step).
+    [[maybe_unused]] Frag16x16 correction = F::template correction<false>();
+    if constexpr (kSlotImages)
+      for (int r = 0; r < 4; ++r) correction.r[r] |= (static_cast<uint32_t>(p.k) >> 31) << r;
     const int my_chunk = wg_warp;
     uint32_t scales[4] = {F::N::kOne, F::N::kOne, F::N::kOne, F::N::kOne};
     // Groups of 64 in a 128-deep slot: two windows, each folded with its scale row.
@@ -603,13 +620,22 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       for (; i < run_end; ++i) {
         if (i % W::groups != group) continue;
         const Slot sl = await_slot(i % kStages, (i / kStages) & 1);
-        uint32_t zeros[4] = {0u, 0u, 0u, 0u};  // {E + z(c), E + z(c+8)} of tile h, window's group
+        // The window's zero-point word (nibbles of the chunk's columns) and,
+        // for exact values, its pairs {E + z(c), E + z(c+8)} per tile h.
+        uint32_t zero_word = 0u;
+        uint32_t zeros[4] = {0u, 0u, 0u, 0u};
         auto load_zeros = [&](int z_row) {
           if constexpr (F::zero_points) {
-            const uint32_t zw = reinterpret_cast<const uint32_t*>(sl.z + (z_row * W::n_chunks + my_chunk) * 2)[lane >> 2];
+            zero_word = reinterpret_cast<const uint32_t*>(sl.z + (z_row * W::n_chunks + my_chunk) * 2)[lane >> 2];
+            if constexpr (!kSlotImages) {
 #pragma unroll
-            for (int h = 0; h < 4; ++h) zeros[h] = F::zero_pair(zw, h);
+              for (int h = 0; h < 4; ++h) zeros[h] = F::zero_pair(zero_word, h);
+            }
           }
+        };
+        auto fold = [&] {
+          if constexpr (kSlotImages) fold_images<F, W::m8>(acc, part, corr, scales, zero_word);
+          else fold_scaled<F>(acc, part, scales);
         };
         load_zeros(0);
         uint32_t w[W::k_rows][4 * F::words];
@@ -620,18 +646,27 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
 #pragma unroll
         for (int row = 0; row < W::k_rows; ++row) {
 #pragma unroll
-          for (int h = 0; h < 4; ++h) fr[row & 1][h] = F::dequant(w[row] + h * F::words, zeros[h]);
+          for (int h = 0; h < 4; ++h) {
+            if constexpr (kSlotImages) {
+              Frag16x16 unused;
+              F::template images<false>(w[row] + h * F::words, fr[row & 1][h], unused);
+            } else {
+              fr[row & 1][h] = F::dequant(w[row] + h * F::words, zeros[h]);
+            }
+          }
           wgmma::fence();
+          const uint64_t desc = step_desc(sl.desc, row);
 #pragma unroll
           for (int h = 0; h < 4; ++h)  // a window's first step overwrites the partials
-            wgmma::mma_m64k16<W::m_rows, kBf16>(part[h], fr[row & 1][h].r, step_desc(sl.desc, row), row % window);
+            wgmma::mma_m64k16<W::m_rows, kBf16>(part[h], fr[row & 1][h].r, desc, row % window);
+          if constexpr (kSlotImages) wgmma::mma_m64k16<W::m_rows, kBf16>(corr, correction.r, desc, row % window);
           wgmma::commit();
           if (row + 1 < W::k_rows) {
             if constexpr (TwoWindows) {
               if (row + 1 == window) {  // the first of two windows
                 wgmma::wait<0>();
                 read_scales(sl, 0);
-                fold_scaled<F>(acc, part, scales);
+                fold();
                 load_zeros(1);
                 continue;
               }
@@ -639,12 +674,13 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
             wgmma::wait<1>();  // the previous step's fragments are free again
           }
         }
-        // The last window's scales come out of the slot before it is handed
-        // back: once every consumer arrived, the copier may refill it.
+        // The last window's scales (and zero points) come out of the slot
+        // before it is handed back: once every consumer arrived, the copier
+        // may refill it.
         read_scales(sl, W::k_rows / window - 1);
         wgmma::wait<0>();
         mbar::arrive(empty + sl.index);
-        fold_scaled<F>(acc, part, scales);
+        fold();
       }
       i = run_end;
       finish_column(u_begin + i - 1, acc);
