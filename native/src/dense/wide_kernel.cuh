@@ -589,15 +589,17 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     // codes, and where the images' kernel spills: bf16 INT8 (two images per
     // code, two MMAs) and fp16 codes in groups of 64 (two windows a slot).
     constexpr bool kSlotImages =
-        (F::const_correction || F::zero_points) && !F::two_images && (F::bf16 || !TwoWindows);
+        (F::const_correction || F::zero_points) && !F::two_images && (F::bf16 || (F::zero_points && !TwoWindows));
     float part[4][W::m8][4];
     [[maybe_unused]] float corr[W::m8][4];
     // Kept in one register quad for the whole loop: ptxas rebuilt the
-    // constants before every step. OR-ed with zeros it cannot know (k > 0),
-    // four different ones (equal values were merged and copied per step).
+    // constants before every step (and, once, reused a constant's register
+    // while an MMA still read it). XOR-ed with four different zeros it cannot
+    // know (k > 0): equal values were merged, and an OR with a bit the
+    // constant holds folds back to the constant.
     [[maybe_unused]] Frag16x16 correction = F::template correction<false>();
     if constexpr (kSlotImages)
-      for (int r = 0; r < 4; ++r) correction.r[r] |= (static_cast<uint32_t>(p.k) >> 31) << r;
+      for (int r = 0; r < 4; ++r) correction.r[r] ^= (static_cast<uint32_t>(p.k) >> 31) << r;
     const int my_chunk = wg_warp;
     uint32_t scales[4] = {F::N::kOne, F::N::kOne, F::N::kOne, F::N::kOne};
     // Groups of 64 in a 128-deep slot: two windows, each folded with its scale row.
