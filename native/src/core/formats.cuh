@@ -98,10 +98,6 @@ struct Format {
   // z0 z2 z4 z6 z1 z3 z5 z7, z_j for column c + 8j).
   __device__ static uint32_t zero_pair(uint32_t zword, int t) { return nibble_pair(zword >> (4 * t), kExp); }
 
-  // HiDiv16: fp16 U4B8's high images stay 1024 + 16q (the caller divides the
-  // activations' k+8 half by 16); kernels whose activations go to the tensor
-  // cores untouched take 1024 + q for every nibble.
-  template <bool HiDiv16 = act_hi_div16>
   __device__ static void images(const uint32_t* w, Frag16x16& f, Frag16x16& f_hi) {
     if constexpr (W == WType::FE2M1) {
       // Nibbles as in the 4-bit layout below: registers 0 and 2 take the
@@ -113,7 +109,7 @@ struct Format {
       f.r[1] = fp4_pair(high & 0x000f000fu, (1u << 6) + (1u << 12));
       f.r[3] = fp4_pair(high & 0x00f000f0u, (1u << 2) + (1u << 8));
     } else if constexpr (bits == 4) {
-      if constexpr (HiDiv16) {
+      if constexpr (act_hi_div16) {
         // High nibbles stay in place: 1024 + 16q, exact in fp16.
         f.r[0] = ptx::lop3<kLop3Or>(w[0], 0x000f000fu, kExp);
         f.r[2] = ptx::lop3<kLop3Or>(w[0], 0x00f000f0u, kExp);
@@ -158,11 +154,9 @@ struct Format {
   // images' offsets. For U4 the offset E + z differs per column, so the
   // fragment is -1 and yields -(sum of the activations), which the kernel
   // weighs with each column's E + z in fp32.
-  template <bool HiDiv16 = act_hi_div16>
   __device__ static Frag16x16 correction() {
     if constexpr (W == WType::U4B8) {
-      if constexpr (bf16) return splat(0xc308c308u);  // -136
-      if constexpr (!HiDiv16) return splat(0xe408e408u);                       // -1032
+      if constexpr (bf16) return splat(0xc308c308u);                           // -136
       return Frag16x16{{0xe408e408u, 0xe408e408u, 0xe480e480u, 0xe480e480u}};  // -1032, -1152
     } else if constexpr (W == WType::U8B128) {
       if constexpr (bf16) return splat(0xc510c510u);  // -(128 + 2048 + 128) = -2304

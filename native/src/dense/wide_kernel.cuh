@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     // while an MMA still read it). XOR-ed with four different zeros it cannot
     // know (k > 0): equal values were merged, and an OR with a bit the
     // constant holds folds back to the constant.
-    [[maybe_unused]] Frag16x16 correction = F::template correction<false>();
+    [[maybe_unused]] Frag16x16 correction = F::correction();
     if constexpr (kSlotImages)
       for (int r = 0; r < 4; ++r) correction.r[r] ^= (static_cast<uint32_t>(p.k) >> 31) << r;
     const int my_chunk = wg_warp;
@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
           for (int h = 0; h < 4; ++h) {
             if constexpr (kSlotImages) {
               Frag16x16 unused;
-              F::template images<false>(w[row] + h * F::words, fr[row & 1][h], unused);
+              F::images(w[row] + h * F::words, fr[row & 1][h], unused);
             } else {
               fr[row & 1][h] = F::dequant(w[row] + h * F::words, zeros[h]);
             }
