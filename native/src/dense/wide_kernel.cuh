@@ -128,6 +128,16 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     const int s_copies = grouped && !W::row_groups ? s_rows * W::n_chunks * kSChunkInt4 : 0;
     const int z_copies = F::zero_points && !W::row_groups ? s_rows * W::n_chunks * 2 : 0;
     const int s_row_int4 = p.s_row_halves * F::scale_bytes / 16;
+    // Besides its share of the weights, each copier warp takes at most one
+    // other kind of copy: zero points warp 0, scales warps 1 and 2, the
+    // activations' tensor copies lane 0 of warp 3. Every warp's copies of a
+    // slot must be issued before the slot's `full` barrier can complete; with
+    // the scales and the tensor copies both on warp 0, W4A16 at m = 48 and 64
+    // took 6 % longer (H200).
+    static_assert(W::producers == 128 && (W::row_groups || (W::s_stage <= 64 && W::z_stage <= 32)),
+                  "scale and zero-point copier warps");
+    const int s_tid = tid - 32;
+    constexpr int kTensorCopier = 96;
     // The copies are one warp's serial instruction stream per SM quarter, so
     // everything per thread is fixed up front and a slot costs a few adds per
     // copy: B copy j is element tid + 128 j of the slot's k rows (row
@@ -220,7 +230,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
                                pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4,
                                weights_policy);
       if constexpr (kTensorA) {
-        if (tid == 0) {
+        if (tid == kTensorCopier) {
           tma::arrive_expect_tx(full + slot, 16u * W::a_stage);
 #pragma unroll
           for (int atom = 0; atom < W::k_atoms; ++atom)
@@ -236,11 +246,11 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
                                     pa[j] + 8 * atom, a_live[j]);
       }
       const long long e = kSorted ? max(expert, 0ll) : 0;
-      if (copy && tid < s_copies) {
-        const int group_row = ((kt * W::k_tile) >> group_shift) + tid / kSRowInt4;
-        ptx::cp_async16(sh_s + slot * W::s_stage + tid,
+      if (copy && static_cast<unsigned>(s_tid) < static_cast<unsigned>(s_copies)) {
+        const int group_row = ((kt * W::k_tile) >> group_shift) + s_tid / kSRowInt4;
+        ptx::cp_async16(sh_s + slot * W::s_stage + s_tid,
                         gS + e * (p.route.s_expert_bytes / 16) + static_cast<size_t>(group_row) * s_row_int4 +
-                            c * kSRowInt4 + tid % kSRowInt4 - step_back(c, tid % kSRowInt4, kSChunkInt4));
+                            c * kSRowInt4 + s_tid % kSRowInt4 - step_back(c, s_tid % kSRowInt4, kSChunkInt4));
       }
       if (copy && tid < z_copies) {
         const int group_row = ((kt * W::k_tile) >> z_shift) + tid / kZRowInt4;
