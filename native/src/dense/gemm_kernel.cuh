@@ -162,6 +162,11 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // Zero points follow the scales' group rows (one row when channelwise).
   const int z_shift = grouped ? group_shift : 30;
   const int z_copies = F::zero_points && !kRowGroups ? s_rows * (T::n_chunks * 2) : 0;
+  // Zero points by the last warp, scales by the first: the stage's barrier
+  // waits for every warp's copies and pointer steps.
+  static_assert(kRowGroups || T::z_stage <= 32, "zero points: one warp's copies");
+  const int z_tid = tid - (kThreads - 32);
+  const bool z_mine = static_cast<unsigned>(z_tid) < static_cast<unsigned>(z_copies);
   const size_t b_step = static_cast<size_t>(T::k_rows) * p.b_row_int4;
   const int4* pb[kBCopies];
   const int4* pa[kACopies];
@@ -260,9 +265,9 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       ps = gS + e * (p.route.s_expert_bytes / 16) + static_cast<size_t>(group_row) * s_row_int4 +
            f_c * (T::n_chunks * kSChunkInt4) + off;
     }
-    if (tid < z_copies) {
-      const int r = tid / (T::n_chunks * 2);
-      const int off = tid % (T::n_chunks * 2);
+    if (z_mine) {
+      const int r = z_tid / (T::n_chunks * 2);
+      const int off = z_tid % (T::n_chunks * 2);
       const int group_row = ((f_kt * T::k_tile) >> z_shift) + r;
       pz = gZ + e * p.route.z_expert_int4 + static_cast<size_t>(group_row) * p.z_row_int4 +
            f_c * (T::n_tile / 32) + off;
@@ -319,12 +324,12 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       const bool ok = chunk < chunks && (group_row << group_shift) < p.k;
       ptx::cp_async16_or_zero(sh_s + slot * T::s_stage + tid, ok ? ps : gS, ok);
     }
-    if (tid < z_copies) {
-      const int r = tid / (T::n_chunks * 2);
-      const int chunk = (tid % (T::n_chunks * 2)) / 2;
+    if (z_mine) {
+      const int r = z_tid / (T::n_chunks * 2);
+      const int chunk = (z_tid % (T::n_chunks * 2)) / 2;
       const int group_row = ((f_kt * T::k_tile) >> z_shift) + r;
       const bool ok = chunk < chunks && (z_shift >= 30 || (group_row << z_shift) < p.k);
-      ptx::cp_async16_or_zero(sh_z + slot * T::z_stage + tid, ok ? pz : gZ, ok);
+      ptx::cp_async16_or_zero(sh_z + slot * T::z_stage + z_tid, ok ? pz : gZ, ok);
     }
   };
   const uint64_t weights_policy = ptx::evict_first_policy();
@@ -343,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         if (a_row[i] < T::m_rows) ptx::cp_async16_or_zero(da + a_dst[i], pa[i], a_live[i]);
       }
       if (tid < s_copies) ptx::cp_async16(sh_s + slot * T::s_stage + tid, ps);
-      if (tid < z_copies) ptx::cp_async16(sh_z + slot * T::z_stage + tid, pz);
+      if (z_mine) ptx::cp_async16(sh_z + slot * T::z_stage + z_tid, pz);
       if constexpr (kRowGroups) load_row_groups(slot);
     }
     if (++f_kt == k_tiles) {
@@ -362,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         const int rows_before = ((f_kt - 1) * T::k_tile) >> group_shift;
         ps += static_cast<size_t>(((f_kt * T::k_tile) >> group_shift) - rows_before) * s_row_int4;
       }
-      if (tid < z_copies) {
+      if (z_mine) {
         const int rows_before = ((f_kt - 1) * T::k_tile) >> z_shift;
         pz += static_cast<size_t>(((f_kt * T::k_tile) >> z_shift) - rows_before) * p.z_row_int4;
       }
