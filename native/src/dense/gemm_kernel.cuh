@@ -166,7 +166,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // waits for every warp's copies and pointer steps.
   static_assert(kRowGroups || T::z_stage <= 32, "zero points: one warp's copies");
   const int z_tid = tid - (kThreads - 32);
-  const bool z_mine = static_cast<unsigned>(z_tid) < static_cast<unsigned>(z_copies);
+  bool z_mine = false;  // (a test against the constant 0 would warn in every format without zero points)
+  if constexpr (F::zero_points && !kRowGroups) z_mine = static_cast<unsigned>(z_tid) < static_cast<unsigned>(z_copies);
   const size_t b_step = static_cast<size_t>(T::k_rows) * p.b_row_int4;
   const int4* pb[kBCopies];
   const int4* pa[kACopies];
