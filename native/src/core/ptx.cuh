@@ -169,6 +169,21 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// A gpu-scope release add that returns the old value. After a block barrier it
+// also releases the other threads' earlier writes (cumulativity), so one
+// thread publishes the block's stores and only that thread waits for them.
+__device__ __forceinline__ int atom_add_release_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+// The same, also acquiring what the earlier adders released (the thread then
+// hands it to the block through a barrier).
+__device__ __forceinline__ int atom_add_acq_rel_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 
 __device__ __forceinline__ half2 as_half2(uint32_t x) { return *reinterpret_cast<half2*>(&x); }
 __device__ __forceinline__ uint32_t as_u32(half2 x) { return *reinterpret_cast<uint32_t*>(&x); }

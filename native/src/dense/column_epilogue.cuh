@@ -163,11 +163,15 @@ struct ColumnEpilogue {
   template <class Sync>
   __device__ static void count_done(const Share& sh, int tid, Sync sync) {
     // The stored partial must be in place before the lock lets the others
-    // add to it; the adds themselves need no fence (nothing in the launch
-    // reads them, and they commute).
-    if (!sh.adds()) __threadfence();
+    // add to it: thread 0's release, after the barrier, publishes every
+    // thread's stores, and only thread 0 waits for them to land (a fence in
+    // every thread stalled all the block's warps). The adds need no release
+    // (nothing in the launch reads them, and they commute).
     sync();
-    if (tid == 0 && atomicAdd(sh.lock, 1) == sh.contributors - 1) atomicExch(sh.lock, 0);
+    if (tid == 0) {
+      const int done = sh.adds() ? atomicAdd(sh.lock, 1) : ptx::atom_add_release_gpu(sh.lock, 1);
+      if (done == sh.contributors - 1) atomicExch(sh.lock, 0);
+    }
   }
 
   // The wide kernel without fp32 reduce (dense slabs): a column tile's final
@@ -238,15 +242,15 @@ struct ColumnEpilogue {
         const int nv = v - mr * vec4_per_row;
         __stcg(mine + v, *reinterpret_cast<const float4*>(sh_red + mr * kRedStride + nv * 4));
       }
-      __threadfence();
+      // Thread 0 releases the block's slot and acquires the others' (the
+      // barriers carry both to and from the other threads).
       sync();
       if (tid == 0) {
-        sh_last = atomicAdd(lock, 1) == contributors - 1;
+        sh_last = ptx::atom_add_acq_rel_gpu(lock, 1) == contributors - 1;
         if (sh_last) atomicExch(lock, 0);
       }
       sync();
       if (sh_last) {
-        __threadfence();
         for (int v = tid; v < rows_here * vec4_per_row; v += Threads) {
           float4 sum = __ldcg(slot_of(r_lo) + v);
           for (int r = r_lo + 1; r <= r_hi; ++r) {
