@@ -169,16 +169,19 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-// A gpu-scope release add that returns the old value. After a block barrier it
-// also releases the other threads' earlier writes (cumulativity), so one
-// thread publishes the block's stores and only that thread waits for them.
-__device__ __forceinline__ int atom_add_release_gpu(int* p, int v) {
-  int old;
-  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
+// A gpu-scope release add. After a block barrier it also releases the other
+// threads' earlier writes (cumulativity), so one thread publishes the block's
+// stores and only that thread waits for them; no old value comes back, so it
+// does not also wait for the add's round trip.
+__device__ __forceinline__ void red_add_release_gpu(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-// The same, also acquiring what the earlier adders released (the thread then
-// hands it to the block through a barrier).
+__device__ __forceinline__ void st_relaxed_gpu(int* p, int v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// A gpu-scope add that returns the old value, releasing as above and
+// acquiring what the earlier adders released (the thread then hands it to the
+// block through a barrier).
 __device__ __forceinline__ int atom_add_acq_rel_gpu(int* p, int v) {
   int old;
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");

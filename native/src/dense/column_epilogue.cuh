@@ -167,10 +167,20 @@ struct ColumnEpilogue {
     // thread's stores, and only thread 0 waits for them to land (a fence in
     // every thread stalled all the block's warps). The adds need no release
     // (nothing in the launch reads them, and they commute).
+    // No thread waits for an old value where none is needed: the first
+    // contributor is never the last to count (the others count only once
+    // they have seen its count), and the only other contributor of a column
+    // of two resets the lock it has seen counted. A block's last column is
+    // usually one it adds to, so a returning add there held the block, and
+    // the launch, for one more round trip.
     sync();
     if (tid == 0) {
-      const int done = sh.adds() ? atomicAdd(sh.lock, 1) : ptx::atom_add_release_gpu(sh.lock, 1);
-      if (done == sh.contributors - 1) atomicExch(sh.lock, 0);
+      if (!sh.adds())
+        ptx::red_add_release_gpu(sh.lock, 1);
+      else if (sh.contributors == 2)
+        ptx::st_relaxed_gpu(sh.lock, 0);
+      else if (atomicAdd(sh.lock, 1) == sh.contributors - 1)
+        atomicExch(sh.lock, 0);
     }
   }
 
