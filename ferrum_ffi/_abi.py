@@ -43,6 +43,8 @@ FERRUM_MM_FLAG_FP32_REDUCE = 0x10
 FERRUM_MM_LAUNCH_VERSION = 1
 # FE4M3FN scales carry this factor: the kernel's byte -> fp16 move yields e4m3(q) / 256.
 FERRUM_FP8_SCALE_FACTOR = 256
+# The largest n, k and row stride any entry point accepts: strides are 32-bit products of them.
+FERRUM_MAX_DIM = 2**28
 FERRUM_MM_WORKSPACE_INTS_PER_SM = 4
 FERRUM_MM_C_TMP_FLOATS_PER_SM = 65536
 

@@ -38,6 +38,7 @@ from typing import Mapping, NoReturn
 import numpy as np
 
 from ._abi import (
+    FERRUM_MAX_DIM,
     FERRUM_MOE_C_TMP_FLOATS_PER_SM_PER_ROW,
     FERRUM_MOE_WORKSPACE_INTS_PER_SM,
     INT_GROUP_SIZE_RULE,
@@ -48,6 +49,7 @@ from .validation import (
     DEFAULT_MAX_PAR,
     I32_MAX,
     W4A16Problem,
+    check_dim,
     check_int,
     check_non_negative,
     check_multiple,
@@ -77,6 +79,11 @@ class MoeF16WeightType(enum.Enum):
 
 def moe_fail(reason: str) -> NoReturn:
     raise ArgumentError(f"{MOE_PREFIX}: {reason}")
+
+
+def _check_moe_dims(n: int, k: int) -> None:
+    if n > FERRUM_MAX_DIM or k > FERRUM_MAX_DIM:
+        moe_fail(f"prob_n {n} and prob_k {k} must be at most FERRUM_MAX_DIM={FERRUM_MAX_DIM}")
 
 
 # ---- argument types ----------------------------------------------------------------
@@ -368,6 +375,7 @@ class MarlinMoeF16Launch:
             moe_fail(f"prob_n {n} must be divisible by the Marlin minimum thread width 64")
         if k % 64 != 0:
             moe_fail(f"prob_k {k} must be divisible by the Marlin minimum thread width 64")
+        _check_moe_dims(n, k)
         if self.weight_type is MoeF16WeightType.U4B8:
             if group_size != -1:
                 if group_size <= 0 or group_size % 16 != 0:
@@ -509,6 +517,7 @@ class MarlinMoeMxfp4Bf16Launch:
             moe_fail("MXFP4 prob_m * top_k overflows the kernel's i32 output-row domain")
         if n % 64 != 0:
             moe_fail(f"MXFP4 prob_n {n} must be divisible by the Marlin minimum thread width 64")
+        _check_moe_dims(n, k)
         if self.group_size != MXFP4_GROUP_SIZE:
             moe_fail(f"MXFP4 E2M1/E8M0 group_size must be exactly {MXFP4_GROUP_SIZE}, got {self.group_size}")
         if k % MXFP4_GROUP_SIZE != 0:
@@ -608,6 +617,8 @@ def _check_bucket_shape(entry: str, p: "MoeBucketProblem") -> None:
     check_positive(entry, "k", p.k)
     check_multiple(entry, "n", p.n, 64)
     check_multiple(entry, "k", p.k, 64)
+    check_dim(entry, "k", p.k)
+    check_dim(entry, "n_full" if p.n_full != -1 else "n", p.n if p.n_full == -1 else p.n_full)
     if p.group_size not in (-1, 128):
         fail(f"{entry}: group_size={p.group_size} must be -1 (channelwise) or 128")
     if p.group_size == 128:

@@ -15,6 +15,7 @@ import numpy as np
 from ._abi import (
     FERRUM_DTYPE_BF16,
     FERRUM_DTYPE_F16,
+    FERRUM_MAX_DIM,
     FERRUM_MM_C_TMP_FLOATS_PER_SM,
     FERRUM_MM_FLAG_ACT_ORDER,
     FERRUM_MM_FLAG_ATOMIC_ADD,
@@ -68,6 +69,12 @@ def check_non_negative(entry: str, name: str, value: int) -> None:
 def check_multiple(entry: str, name: str, value: int, divisor: int) -> None:
     if value % divisor != 0:
         fail(f"{entry}: {name}={value} must be divisible by {divisor}")
+
+
+def check_dim(entry: str, name: str, value: int) -> None:
+    """n, k and row strides: at most FERRUM_MAX_DIM (the kernels' strides are 32-bit products)."""
+    if value > FERRUM_MAX_DIM:
+        fail(f"{entry}: {name}={value} must be at most FERRUM_MAX_DIM={FERRUM_MAX_DIM}")
 
 
 def check_pointer(entry: str, name: str, ptr: int, alignment: int) -> None:
@@ -159,6 +166,8 @@ def check_w4a16_shape(
     check_positive(entry, "k", k)
     check_multiple(entry, "n", n, 64)
     check_multiple(entry, "k", k, 128)
+    check_dim(entry, "k", k)
+    check_dim(entry, "n_full" if n_full != -1 else "n", n if n_full == -1 else n_full)
     if group_size not in W4A16_GROUP_SIZES:
         fail(f"{entry}: group_size={group_size} must be -1 (channelwise) or 128")
     if n_full != -1 and (n_full < n or n_full % 64 != 0):
@@ -427,6 +436,8 @@ def validate_mm(problem: MmProblem, entry: str = MM_ENTRY) -> None:
     check_positive(entry, "k", p.k)
     check_multiple(entry, "n", p.n, 64)
     check_multiple(entry, "k", p.k, 128)
+    for name in ("n", "k", "lda"):
+        check_dim(entry, name, getattr(p, name))
     if p.has(FERRUM_MM_FLAG_ACT_ORDER):
         check_positive(entry, "lda", p.lda)  # a is read only through perm (columns < min(k, lda))
     elif p.lda < p.k:

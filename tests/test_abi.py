@@ -142,7 +142,7 @@ def test_header_stage_defines_match_the_python_stage_table():
 # ---- the general GEMM's struct and numbers (pure text, no library) --------------------
 
 LAUNCH_FIELDS = _header_struct("FerrumMarlinLaunch")
-ABI_DEFINE_PREFIXES = ("FERRUM_DTYPE_", "FERRUM_WEIGHT_", "FERRUM_MM_", "FERRUM_FP8_", "FERRUM_MOE_")
+ABI_DEFINE_PREFIXES = ("FERRUM_DTYPE_", "FERRUM_WEIGHT_", "FERRUM_MM_", "FERRUM_FP8_", "FERRUM_MOE_", "FERRUM_MAX_")
 
 
 def _struct_ctype(declaration: str) -> object:
@@ -180,7 +180,7 @@ def test_every_abi_define_is_mirrored_once_in_python():
     from ferrum_ffi import _abi
 
     defines = {name: value for name, value in _header_defines().items() if name.startswith(ABI_DEFINE_PREFIXES)}
-    assert len(defines) == 20, sorted(defines)
+    assert len(defines) == 21, sorted(defines)
     for name, value in defines.items():
         assert getattr(_abi, name) == value, name
     python_names = {name for name in vars(_abi) if name.startswith(ABI_DEFINE_PREFIXES)}
@@ -469,6 +469,12 @@ def test_n_full_smaller_than_n_is_a_shape_error(lib):
     assert "prob_n_full=128" in message
 
 
+def test_n_full_past_max_dim_is_a_shape_error(lib):
+    status, message = call_marlin(lib, prob_n_full=2**28 + 64)
+    _expect(status, 8)
+    assert "prob_n_full=268435520" in message and "FERRUM_MAX_DIM" in message
+
+
 def test_max_par_zero_is_an_argument_error(lib):
     status, message = call_marlin(lib, max_par=0)
     _expect(status, 7)
@@ -688,6 +694,8 @@ MM_BAD = {
     "n": dict(n=96),
     "k": dict(k=192, lda=192, num_groups=1, group_size=-1),
     "lda_small": dict(lda=248),
+    "n_past_max_dim": dict(n=2**28 + 64),
+    "lda_past_max_dim": dict(lda=2**28 + 8),
     "lda_odd": dict(lda=260),
     "group_size": dict(group_size=192, num_groups=1),
     "fp8_group_size": dict(b_type=_abi.FERRUM_WEIGHT_FE4M3FN, group_size=64, num_groups=4),

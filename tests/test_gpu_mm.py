@@ -234,6 +234,37 @@ def test_tall_slabs_add_the_bias_once_per_shared_column(cp, b_type, dtype_name, 
         assert relative_l2(out, ref) < TOLERANCE[weight.dtype], fp32_reduce
 
 
+# n a multiple of 64 that the 256-column tiles do not divide (Qwen2.5-72B's
+# 29568, GPT-OSS's 2880, vocabularies): on Hopper the warp-specialised tiles
+# leave their last column tile partial (4-bit weights; 8-bit ones in 256-row
+# slabs, whose tiles are 128 columns), with bias and channelwise scales read
+# for the columns inside n only; k = 2048 shares every column between blocks.
+PARTIAL_TILE_TYPES = [("U4", 128, False), ("U4B8", -1, False), ("U4", 32, False), ("U4B8", 64, True),
+                      ("U4", -1, False), ("U8B128", 128, False), ("FE4M3FN", -1, False)]
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("b_type, group_size, act_order", PARTIAL_TILE_TYPES)
+@pytest.mark.parametrize("n", [192, 704, 2880])
+def test_partial_last_column_tile(cp, b_type, group_size, act_order, dtype_name, n):
+    weight = make_weight(b_type, DTYPES[dtype_name], group_size, act_order, k=2048, n=n, seed=n)
+    bias = np.random.default_rng(n).standard_normal(n).astype(np.float32).astype(weight.dtype)
+    w = weight.reference_dequant()
+    for m in (12, 20, 40, 64, 100, 300):
+        x_host = activations(m, weight.k, weight.dtype, seed=m)
+        x = to_device(cp, x_host)
+        for fp32_reduce in (False, True):
+            use_bias = fp32_reduce == (m % 2 == 0)
+            ref = reference_product(cp, x_host, w, bias if use_bias else None)
+            # The output sits at the front of a poisoned buffer: a column past n
+            # of the last row would land behind it.
+            buf = to_device(cp, np.full(m * n + 256, np.nan, dtype=weight.dtype))
+            out = buf[: m * n].reshape(m, n)
+            ff.linear(x, weight, bias=to_device(cp, bias) if use_bias else None, out=out, fp32_reduce=fp32_reduce)
+            assert relative_l2(out, ref) < TOLERANCE[weight.dtype], (m, fp32_reduce)
+            assert np.isnan(to_host(buf)[m * n:].astype(np.float32)).all(), (m, fp32_reduce)
+
+
 @pytest.mark.parametrize("dtype_name", DTYPES)
 def test_activations_past_the_l2_rule_take_128_row_slabs(cp, dtype_name):
     # 2100 x 8192 activations (34 MB) are past the planner's L2 rule for

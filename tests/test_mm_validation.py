@@ -130,6 +130,12 @@ def test_n_must_be_a_multiple_of_64():
     validate_mm(replace(VALID, n=192))
 
 
+@pytest.mark.parametrize("name, value", [("n", 2**28 + 64), ("k", 2**28 + 128), ("lda", 2**28 + 8)])
+def test_dimensions_past_the_stride_limit_are_rejected(name, value):
+    rejects(replace(VALID, **{name: value}), rf"\b{name}={value} must be at most FERRUM_MAX_DIM=268435456")
+    validate_mm(MmProblem.create(16, 2**28, 2**28, F16, U4B8, 128))
+
+
 @pytest.mark.parametrize("value", [0, -128])
 def test_k_must_be_positive(value):
     rejects(replace(VALID, k=value, lda=256), rf"\bk={value} must be > 0")
@@ -335,9 +341,9 @@ def test_spans_of_an_8_bit_problem(b_type):
 
 
 def test_spans_of_the_largest_problem_do_not_overflow():
-    p = MmProblem.create(2**31 - 1, 2**31 - 64, 2**31 - 128, F16, U4B8, 128, lda=2**31 - 8)
+    p = MmProblem.create(2**31 - 1, 2**28, 2**28, F16, U4B8, 128, lda=2**28)
     validate_mm(p)
-    assert mm_spans(p, 1)["c"] == (2**31 - 1) * (2**31 - 64) * 2
+    assert mm_spans(p, 1)["c"] == (2**31 - 1) * 2**28 * 2
     assert mm_workspace_ints(132) == 4 * 132 and mm_c_tmp_floats(132) == 65536 * 132
 
 

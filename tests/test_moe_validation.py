@@ -296,9 +296,16 @@ def test_without_expert_count_only_the_row_spans_are_known():
 
 
 def test_int4_weight_byte_size_overflow():
-    huge = replace(F16, expert_count=I32_MAX, prob_m=1, top_k=1, prob_n=2**31 - 128, prob_k=2**31 - 128,
-                   group_size=-1)
+    # (n and k at FERRUM_MAX_DIM, this library's own limit; the expert count overflows)
+    huge = replace(F16, expert_count=I32_MAX, prob_m=1, top_k=1, prob_n=2**28, prob_k=2**28, group_size=-1)
     rejects(huge, "INT4 packed weight [E,K/16,2N] int32 byte size overflows the u64 device domain")
+
+
+@pytest.mark.parametrize("launch", ["F16", "MXFP4"])
+def test_dimensions_past_the_stride_limit_are_rejected(launch):
+    base = {"F16": F16, "MXFP4": MXFP4}[launch]
+    rejects(replace(base, prob_n=2**28 + 64), f"prob_n {2**28 + 64} and prob_k {base.prob_k} must be at most "
+            "FERRUM_MAX_DIM=268435456")
 
 
 def test_scratch_spans_need_the_multiprocessor_count():
@@ -434,8 +441,7 @@ def test_mxfp4_prob_k_must_hold_whole_groups():
 
 
 def test_mxfp4_packed_weight_overflow():
-    huge = replace(MXFP4, expert_count=I32_MAX, top_k=1, prob_m=1, prob_n=I32_MAX - I32_MAX % 64,
-                   prob_k=I32_MAX - I32_MAX % 32)
+    huge = replace(MXFP4, expert_count=I32_MAX, top_k=1, prob_m=1, prob_n=2**28, prob_k=2**28)
     rejects(huge, "MXFP4 E2M1 packed weight [E,N,K/2] byte size overflows the u64 device domain")
 
 
@@ -502,6 +508,8 @@ def test_bucket_heights_pass(m):
      (dict(m=64, thread_k=128, thread_n=256),
       r"tile \(thread_k=128, thread_n=256\) serves prob_m <= 16, got prob_m=64"),
      (dict(k=96), r"k=96 must be divisible by 64"),
+     (dict(k=2**28 + 128), r"k=268435584 must be at most FERRUM_MAX_DIM=268435456"),
+     (dict(n_full=2**28 + 64), r"n_full=268435520 must be at most FERRUM_MAX_DIM=268435456"),
      (dict(sms=0), r"sms=0 must be -1 \(all\) or >= 1"),
      (dict(expert_count=-1), r"expert_count=-1 must be >= 0"),
      (dict(b_int4_per_expert=2047), r"b_int4_per_expert=2047 is below one expert's weight \(2048 16-byte units\)"),

@@ -12,6 +12,7 @@ import pytest
 import ferrum_ffi
 from ferrum_ffi import dense
 from ferrum_ffi._interop import DeviceArray
+from ferrum_ffi._abi import FERRUM_MAX_DIM
 from ferrum_ffi.status import ArgumentError, ArgumentTypeError
 from ferrum_ffi.validation import (
     DEFAULT_MAX_PAR,
@@ -152,9 +153,18 @@ def test_int32_overflow_is_rejected(name, value):
     rejects(replace(VALID, **{name: value}), rf"\b{name}={value} does not fit in int32")
 
 
-def test_largest_int32_values_are_accepted():
-    biggest_n = I32_MAX - I32_MAX % 128
-    validate_w4a16(W4A16Problem(m=I32_MAX, n=biggest_n, k=biggest_n, group_size=-1))
+def test_largest_values_are_accepted():
+    validate_w4a16(W4A16Problem(m=I32_MAX, n=FERRUM_MAX_DIM, k=FERRUM_MAX_DIM, group_size=-1))
+
+
+@pytest.mark.parametrize("name, value", [("n", FERRUM_MAX_DIM + 64), ("k", FERRUM_MAX_DIM + 128)])
+def test_dimensions_past_the_stride_limit_are_rejected(name, value):
+    rejects(replace(VALID, **{name: value}), rf"\b{name}={value} must be at most FERRUM_MAX_DIM=268435456")
+
+
+def test_a_column_slice_of_a_too_wide_weight_is_rejected():
+    rejects(replace(VALID, n_full=FERRUM_MAX_DIM + 64), r"\bn_full=268435520 must be at most FERRUM_MAX_DIM")
+    validate_w4a16(replace(VALID, n_full=FERRUM_MAX_DIM))
 
 
 def test_entry_name_prefixes_the_message():

@@ -73,11 +73,11 @@ __global__ void __launch_bounds__(kStagedThreads)
 
 }  // namespace
 
-cudaError_t gather_columns(const void* a, int lda, const int* perm, void* a_tmp, int m, int k,
+cudaError_t gather_columns(const void* a, int lda, const int* perm, void* a_tmp, int m, int k, int max_smem,
                            cudaStream_t stream) {
   if (k % kColumnsPerThread != 0) return cudaErrorInvalidValue;  // the GEMM needs k % 128 == 0 anyway
   const size_t row_bytes = static_cast<size_t>(k < lda ? k : lda) * 2;
-  if (m >= kStagedMinRows && row_bytes <= kStagedMaxRowBytes &&
+  if (m >= kStagedMinRows && row_bytes <= kStagedMaxRowBytes && row_bytes <= static_cast<size_t>(max_smem) &&
       reinterpret_cast<uintptr_t>(perm) % 16 == 0) {
     if (row_bytes > 48 * 1024) {
       const cudaError_t err = cudaFuncSetAttribute(gather_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -201,11 +201,13 @@ struct ColumnEpilogue {
     if (atomic && first_pass) await_first(sh, tid, sync);
     constexpr int kVecPerRow = StashCols / 8;
     const int rows = min(MRows, p.m - slab * MRows);
-    char* const c0 = static_cast<char*>(p.c) +
-                     2 * (static_cast<size_t>(slab) * MRows * p.n + c * (Parts * NTile) + first);
+    const int col0 = c * (Parts * NTile) + first;
+    const int vecs_in_n = (p.n - col0) / 8;  // a partial last column tile stores only its columns inside n
+    char* const c0 = static_cast<char*>(p.c) + 2 * (static_cast<size_t>(slab) * MRows * p.n + col0);
     for (int v = tid; v < rows * kVecPerRow; v += Threads) {
       const int mr = v / kVecPerRow;
       const int nv = v - mr * kVecPerRow;
+      if (nv >= vecs_in_n) continue;
       const int4 x = stash[mr * (StashStride / 8) + nv];
       char* const dst = c0 + 2 * (static_cast<size_t>(mr) * p.n + nv * 8);
       if (!atomic)

@@ -125,6 +125,9 @@ struct TileInfo {
   int n_tile;
   int k_tile;
   size_t smem_bytes;
+  // The tile may leave the last column tile partial (n a multiple of 64 that
+  // n_tile does not divide): the wide kernel's copier steps back in its place.
+  bool partial_n = false;
 };
 
 struct Launch {

@@ -41,7 +41,7 @@ TileInfo info_m8(int m8) {
 template <int Tokens, int Bits>
 TileInfo info_wide() {
   using W = WideTile<Tokens, Bits>;
-  return TileInfo{W::m_rows, W::n_tile, W::k_tile, W::smem_bytes};
+  return TileInfo{W::m_rows, W::n_tile, W::k_tile, W::smem_bytes, W::partial_n};
 }
 
 template <int Bits>
@@ -100,8 +100,42 @@ TileInfo tile_info(int m8, NConfig nc, int bits) {
   return bits == 8 ? info_bits<8>(m8, nc) : info_bits<4>(m8, nc);
 }
 
+namespace {
+
+// The warp-specialised kernel's tile for an m-row problem on Hopper (n and k
+// multiples of 64), or N128_K128 where the 8-warp kernel serves it better.
+NConfig wide_config(int m, int k, int group_size, WType w) {
+  // Over 128 rows, 256-row slabs halve the dequantisation per product
+  // (H200, m = 192..1024: 3-5 % faster) but double the activation reads
+  // per weight byte: while A stays well inside L2 that is free; past it
+  // (k = 28672, m = 1024: 59 MB of A) it cost 4 %.
+  constexpr int64_t kActivationsInL2 = 32ll << 20;  // bytes
+  if (m > 128 && static_cast<int64_t>(m) * k * 2 <= kActivationsInL2) return NConfig::WIDE_T256;
+  if (m > 64) return NConfig::WIDE_T128;
+  // 33..48 rows: 48-row slabs drop a quarter of the 64-row MMA work
+  // (H200, m = 33..48: 3-6 % faster on 8192 x 28672 and 28672 x 8192,
+  // 2-4 % on the 4096-wide shapes, every weight type).
+  // 17..32 rows: 32-row slabs halve the MMA work of 64-row ones; on long k
+  // runs that pays (H200, m = 24..32: 3-7 % on k >= 8192), on k = 4096 with
+  // wide n it cost 1-2 % (4096 x 14336, 4096 x 28672).
+  if (m > 48) return NConfig::WIDE_T64;
+  if (m > 32) return NConfig::WIDE_T48;
+  if (m > 16) return k < 8192 ? NConfig::WIDE_T64 : NConfig::WIDE_T32;
+  // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
+  // the 8-warp kernel; at 8 rows and below it is not faster), where its
+  // whole slots fold their partials per group of 64 or more or
+  // channelwise, or where it dequantises (INT8 groups of 32). 4-bit groups
+  // of 32 stay on the 8-warp kernel (not built for the tile).
+  if (m > 8 && (group_size < 0 || group_size >= 64 || (w == WType::U8B128 && group_size == 32)))
+    return NConfig::WIDE_T16;
+  return NConfig::N128_K128;
+}
+
+}  // namespace
+
 // On Hopper (sm_90a) problems of more than 16 rows (and most of 9..16, see
-// below) whose n and k the 256 x 64 tile divides take the warp-specialised kernel;
+// wide_config) take the warp-specialised kernel where its tile serves n (4-bit
+// weights: any multiple of 64; 8-bit: whole 256-column tiles) and k;
 // elsewhere slabs of up to 8 rows on Hopper (4-bit, FP8 and fp16 INT8 weights),
 // and small 4-bit slabs on long problems (at least 8 units per resident block,
 // two blocks per SM), take the deep 256 x 128 tile; otherwise 128x128 tiles keep
@@ -111,30 +145,12 @@ TileInfo tile_info(int m8, NConfig nc, int bits) {
 NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType w, bool hopper) {
   const int m8 = slab_m8(m);
   const int bits = weight_bits(w);
-  if (hopper && n % 256 == 0 && k % 64 == 0) {
-    // Over 128 rows, 256-row slabs halve the dequantisation per product
-    // (H200, m = 192..1024: 3-5 % faster) but double the activation reads
-    // per weight byte: while A stays well inside L2 that is free; past it
-    // (k = 28672, m = 1024: 59 MB of A) it cost 4 %.
-    constexpr int64_t kActivationsInL2 = 32ll << 20;  // bytes
-    if (m > 128 && static_cast<int64_t>(m) * k * 2 <= kActivationsInL2) return NConfig::WIDE_T256;
-    if (m > 64) return NConfig::WIDE_T128;
-    // 33..48 rows: 48-row slabs drop a quarter of the 64-row MMA work
-    // (H200, m = 33..48: 3-6 % faster on 8192 x 28672 and 28672 x 8192,
-    // 2-4 % on the 4096-wide shapes, every weight type).
-    // 17..32 rows: 32-row slabs halve the MMA work of 64-row ones; on long k
-    // runs that pays (H200, m = 24..32: 3-7 % on k >= 8192), on k = 4096 with
-    // wide n it cost 1-2 % (4096 x 14336, 4096 x 28672).
-    if (m > 48) return NConfig::WIDE_T64;
-    if (m > 32) return NConfig::WIDE_T48;
-    if (m > 16) return k < 8192 ? NConfig::WIDE_T64 : NConfig::WIDE_T32;
-    // 9..16 rows: the 16-row tile (H200: 4-bit 4-8 %, 8-bit 1-21 % faster than
-    // the 8-warp kernel; at 8 rows and below it is not faster), where its
-    // whole slots fold their partials per group of 64 or more or
-    // channelwise, or where it dequantises (INT8 groups of 32). 4-bit groups
-    // of 32 stay on the 8-warp kernel (not built for the tile).
-    if (m > 8 && (group_size < 0 || group_size >= 64 || (w == WType::U8B128 && group_size == 32)))
-      return NConfig::WIDE_T16;
+  if (hopper && n % 64 == 0 && k % 64 == 0) {
+    const NConfig wide = wide_config(m, k, group_size, w);
+    // n: whole column tiles, or a partial last one (4-bit weights; H200, W4A16
+    // 8192 x 29568 against the 8-warp kernel's 128-column tiles: m = 16 56.7 ->
+    // 41.7 us, m = 64 121 -> 63.3, m = 256 441 -> 167).
+    if (wide != NConfig::N128_K128 && tile_fits_n(tile_info(1, wide, bits), n)) return wide;
   }
   if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;
   // The deep tile's 16 KB stages halve the per-stage fixed costs (barrier,
@@ -181,8 +197,14 @@ bool forced_config(int thread_k, int thread_n, NConfig* nc) {
   return true;
 }
 
+bool tile_fits_n(const TileInfo& tile, int n) {
+  return n % tile.n_tile == 0 || (tile.partial_n && n % 64 == 0);
+}
+
+int column_tiles(const TileInfo& tile, int n) { return (n + tile.n_tile - 1) / tile.n_tile; }
+
 int check_tile_fits(const char* entry, const TileInfo& tile, int n, int k) {
-  if (n % tile.n_tile != 0)
+  if (!tile_fits_n(tile, n))
     return fail(FERRUM_STAGE_SHAPE, FERRUM_STATUS_INVALID_VALUE,
                 "%s: n=%d is not a multiple of the tile width %d", entry, n, tile.n_tile);
   if (k % tile.k_tile != 0)

@@ -25,7 +25,15 @@ bool forced_config(int thread_k, int thread_n, NConfig* nc);
 // 64-row slabs or the deep tile take. False when no built tile fits.
 bool fit_shared_memory(int max_smem, int bits, bool may_change_tile, NConfig* nc, int* m8);
 
-// Checks that a tile divides the problem; returns a status (stage "shape").
+// Whether a tile serves n columns: whole column tiles, or (tile.partial_n)
+// a partial last one of a multiple of 64 columns.
+bool tile_fits_n(const TileInfo& tile, int n);
+
+// Column tiles of an n-column problem, a partial last one included.
+int column_tiles(const TileInfo& tile, int n);
+
+// Checks that a tile serves the problem (tile_fits_n, k whole k tiles);
+// returns a status (stage "shape").
 int check_tile_fits(const char* entry, const TileInfo& tile, int n, int k);
 
 struct DeviceFacts {

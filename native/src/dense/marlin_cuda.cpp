@@ -44,6 +44,8 @@ int w4a16(const void* A, const void* B, void* C, const void* s, int prob_m, int 
   if (n_full < prob_n || n_full % 64 != 0)
     return bad_shape("%s: prob_n_full=%d must be -1 or a multiple of 64 that is >= prob_n=%d",
                      prob_n_full, prob_n);
+  if (n_full > FERRUM_MAX_DIM || prob_k > FERRUM_MAX_DIM)
+    return bad_shape("%s: prob_n_full=%d and prob_k=%d must be at most FERRUM_MAX_DIM (2^28)", n_full, prob_k);
   NConfig nc = NConfig::N128_K128;
   const bool forced = !(thread_k == -1 && thread_n == -1);
   if (forced && !forced_config(thread_k, thread_n, &nc))
@@ -78,7 +80,7 @@ int w4a16(const void* A, const void* B, void* C, const void* s, int prob_m, int 
   fit_shared_memory(facts.max_smem, kBits, !forced, &nc, &m8);  // the check below reports a misfit
   const TileInfo tile = tile_info(m8, nc, kBits);
   if (int st = check_tile_fits(kEntry, tile, prob_n, prob_k)) return st;
-  const int n_tiles = prob_n / tile.n_tile;
+  const int n_tiles = column_tiles(tile, prob_n);
   const int k_tiles = prob_k / tile.k_tile;
   // Slabs in flight per launch: each needs its own locks.
   const int64_t par_limit = std::min<int64_t>(max_par, lock_slots / n_tiles);

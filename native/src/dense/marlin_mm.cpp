@@ -43,6 +43,8 @@ int check_problem(const FerrumMarlinLaunch& l) {
   if (l.n <= 0) return invalid("%s: n=%d must be > 0", l.n);
   if (l.k <= 0) return invalid("%s: k=%d must be > 0", l.k);
   if (l.n % 64 != 0) return bad_shape("%s: n=%d must be divisible by 64", l.n);
+  if (l.n > FERRUM_MAX_DIM || l.k > FERRUM_MAX_DIM || l.lda > FERRUM_MAX_DIM)
+    return bad_shape("%s: n=%d, k=%d and lda=%d must be at most FERRUM_MAX_DIM=%d", l.n, l.k, l.lda, FERRUM_MAX_DIM);
   if (l.k % 128 != 0) return bad_shape("%s: k=%d must be divisible by 128", l.k);
   // With act-order, a is read only through perm, at columns below min(k, lda)
   // (a K shard whose rows were padded has k > its activations' width).
@@ -209,8 +211,9 @@ int mm(const FerrumMarlinLaunch* launch) {
     // tiles (16-row slabs have no row-group mode); otherwise the 8-warp tile.
     nc = NConfig::N128_K128_ROW_GROUPS;
     if (!forced && l.m > 16) {
+      // (whole column tiles: the row-group windows have no partial tile)
       const NConfig wide = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
-      if (is_wide(wide)) nc = wide;
+      if (is_wide(wide) && l.n % tile_info(1, wide, bits).n_tile == 0) nc = wide;
     }
   } else if (!forced) {
     nc = auto_config(l.m, l.n, l.k, l.group_size, facts.sms, a_type, w_type, facts.hopper);
@@ -220,7 +223,7 @@ int mm(const FerrumMarlinLaunch* launch) {
   const TileInfo tile = tile_info(m8, nc, bits);
   if (int st = check_tile_fits(kEntry, tile, l.n, l.k)) return st;
   const int64_t slabs = (static_cast<int64_t>(l.m) + tile.m_rows - 1) / tile.m_rows;
-  if (slabs * (l.n / tile.n_tile) * (l.k / tile.k_tile) > INT32_MAX)
+  if (slabs * column_tiles(tile, l.n) * (l.k / tile.k_tile) > INT32_MAX)
     return bad_shape("%s: problem too large: m=%d, n=%d, k=%d gives more than 2^31 work units", l.m, l.n, l.k);
   if (static_cast<size_t>(facts.max_smem) < tile.smem_bytes)
     return fail(FERRUM_STAGE_MAX_SHARED_MEMORY, cudaErrorInvalidConfiguration,
@@ -233,7 +236,7 @@ int mm(const FerrumMarlinLaunch* launch) {
   const void* a = l.a;
   int lda = l.lda;
   if (l.flags & FERRUM_MM_FLAG_ACT_ORDER) {
-    const cudaError_t err = gather_columns(l.a, l.lda, l.perm, l.a_tmp, l.m, l.k, stream);
+    const cudaError_t err = gather_columns(l.a, l.lda, l.perm, l.a_tmp, l.m, l.k, facts.max_smem, stream);
     if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_ACT_ORDER_LAUNCH, err, "ferrum_marlin_mm: act-order gather");
     a = l.a_tmp;
     lda = l.k;

@@ -68,7 +68,9 @@ __device__ __forceinline__ bool stripes_of(const Args& p, int m_rows, int n_tile
       s.slabs = (s.used_ids + m_rows - 1) / m_rows;
     }
     const long long units = static_cast<long long>(s.slabs) * n_tiles * k_tiles;
-    if (units == 0) {
+    // (More than 2^31 units: a routing count past the host's bound, which the
+    // 32-bit split cannot hold; nothing is run rather than out of bounds.)
+    if (units == 0 || units > INT32_MAX) {
       // No block waits later: the launch must still end after the previous kernel.
       // (Direct launches always hold rows: a settled one clears at its end.)
       if (p.routing_settled) ptx::griddep_wait();

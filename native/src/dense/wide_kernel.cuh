@@ -52,9 +52,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   constexpr int kStages = W::stages;
   // Whole slots: each slot is one consumer warpgroup's (see below).
   constexpr int kSlotConsumers = WholeSlots ? 128 : W::consumers;
-  // A warpgroup waits on a slot's phase parity only; the slots it skips must
-  // not lap it (its next slot is at most `groups` fills ahead).
-  static_assert(!WholeSlots || kStages >= W::groups, "more slots than consumer warpgroups");
+  // A warpgroup waits on a slot's phase parity only: the slot's previous fill
+  // must have been its own (see WideTile::stages).
+  static_assert(!WholeSlots || (kStages >= W::groups && kStages % W::groups == 0),
+                "each slot comes back to the same consumer warpgroup");
   static_assert(WholeSlots || W::groups == 2, "dequantisation mode: two warpgroups of W::chunks_per_group chunks");
   static_assert(!TwoWindows || (WholeSlots && W::k_tile == 128), "two 64-deep group windows per 128-deep slot");
   // Dequantisation mode: MMAs (weight tiles per lane) per warpgroup and step.
@@ -78,10 +79,9 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   int& sh_last = *reinterpret_cast<int*>(empty + kStages);
 
   const int tid = threadIdx.x;
-  // Routed launches of 4-bit weights accept an n that the tile leaves partial
-  // (a multiple of 64: GPT-OSS's 2880 and 5760): the last column tile's
-  // missing chunks are never stored (see step_back).
-  const int n_tiles = kSorted ? (p.n + W::n_tile - 1) / W::n_tile : p.n / W::n_tile;
+  // The last column tile may be partial (W::partial_n): its missing chunks
+  // are never stored (see step_back).
+  const int n_tiles = W::partial_n ? (p.n + W::n_tile - 1) / W::n_tile : p.n / W::n_tile;
   const int k_tiles = p.k / W::k_tile;
   Stripes stripes;
   if (!stripes_of<R>(p, W::m_rows, n_tiles, k_tiles, stripes)) return;
@@ -166,14 +166,14 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     [[maybe_unused]] long long expert = 0;  // routed: the slab's expert (< 0: skipped, nothing copied)
     constexpr int kSRowInt4 = W::n_chunks * kSChunkInt4;  // a group row of the tile's scales
     constexpr int kZRowInt4 = W::n_chunks * 2;
-    // A partial last column tile (routed launches): the threads of its
-    // missing chunks copy the last chunk inside n again (in bounds, from L2;
-    // those columns are never stored). Each thread's copies of one kind
-    // belong to one chunk, so the step back is one offset per thread and
-    // column (a test per copy made the copier spill: routed W4A16 blocks of
-    // 32 1.5x slower), in 16-byte units: `unit` of chunk unit / `per_chunk`.
+    // A partial last column tile (W::partial_n): the threads of its missing
+    // chunks copy the last chunk inside n again (in bounds, from L2; those
+    // columns are never stored). Each thread's copies of one kind belong to
+    // one chunk, so the step back is one offset per thread and column (a test
+    // per copy made the copier spill: routed W4A16 blocks of 32 1.5x slower),
+    // in 16-byte units: `unit` of chunk unit / `per_chunk`.
     auto step_back = [&](int c, int unit, int per_chunk) {
-      if constexpr (!kSorted) return 0;
+      if constexpr (!W::partial_n) return 0;
       const int chunk = unit / per_chunk;
       return (chunk - min(chunk, p.n / 64 - c * W::n_chunks - 1)) * per_chunk;
     };
@@ -191,12 +191,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
           }
         }
       }
-      // (B: one chunk per thread where the tile's k row is one copy per
-      // producer, 4-bit tiles of four chunks; the launcher refuses partial
-      // tiles otherwise.)
+      // (B: thread tid copies unit tid % kBRowInt4 of its rows, one chunk.)
       const long long e = kSorted ? max(expert, 0ll) : 0;
       pb = gB + e * p.route.b_expert_int4 + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 +
-           b_first - (kBRowInt4 == W::producers ? step_back(c, tid, 32 * W::b_words) : 0);
+           b_first - step_back(c, tid % kBRowInt4, 32 * W::b_words);
       if constexpr (!kTensorA) {
 #pragma unroll
         for (int j = 0; j < kACopies; ++j) {
@@ -485,7 +483,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
           float scale[2] = {1.f, 1.f}, bias[2] = {0.f, 0.f};
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            const int n = c * W::n_tile + first + (lane >> 2) + 8 * hh;
+            // (columns past n, of a partial last tile, are never stored: read column n - 1)
+            const int n = min(c * W::n_tile + first + (lane >> 2) + 8 * hh, p.n - 1);
             if (!grouped) scale[hh] = Epilogue::channel_value(p.s, n, true);
             if (add_bias) bias[hh] = Epilogue::channel_value(p.bias, n, p.route.bias_p32);
           }
@@ -794,8 +793,10 @@ template <int Tokens, class F, bool WholeSlots, bool RowGroups = false, bool Two
 cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
   using W = WideTile<Tokens, F::bits, WholeSlots ? 3 : 2, RowGroups>;
   // Per-column locks hold one lock per column: fp32 reduce, whose parts each
-  // need their own, takes locks by range (ColumnEpilogue::share_of).
-  if (W::parts > 1 && args.fp32_reduce && !args.lock_by_range) {
+  // need their own, takes locks by range (ColumnEpilogue::share_of). n: whole
+  // column tiles, or a partial last one where the copier can step back.
+  if ((W::parts > 1 && args.fp32_reduce && !args.lock_by_range) ||
+      (args.n % W::n_tile != 0 && !(W::partial_n && args.n % 64 == 0))) {
     *stage = FERRUM_STAGE_KERNEL_LAUNCH;
     return cudaErrorInvalidValue;
   }

@@ -46,6 +46,14 @@ struct WideTile {
   static constexpr bool gather = Gather;
   static constexpr int b_words = Bits / 4;
   static constexpr int producers = 128;
+  // A partial last column tile (n a multiple of 64 that n_tile does not
+  // divide: GPT-OSS's 2880, Qwen2.5-72B's 29568, vocabularies): the copier
+  // threads of its missing chunks copy the last chunk inside n again, one
+  // offset per thread and column, which needs each thread's weight copies to
+  // lie in one chunk: a k row of the tile is at most one copy per producer
+  // (4-bit weights; 8-bit ones in 128-column tiles). Those columns are never
+  // stored.
+  static constexpr bool partial_n = n_chunks * 32 * b_words <= producers && !RowGroups;
   static constexpr int groups = Groups;
   static constexpr int consumers = 128 * Groups;
   static constexpr int threads = producers + consumers;
@@ -91,7 +99,13 @@ struct WideTile {
   static constexpr int max_stages = Tokens <= 32 ? 16 : 6;
   static constexpr size_t tail_bytes = 2 * 8 * max_stages + 16;  // two barriers per slot and a flag
   static constexpr int stages_fit = static_cast<int>((kWideSmemBudget - red_bytes - tail_bytes) / stage_bytes);
-  static constexpr int stages = stages_fit > max_stages ? max_stages : stages_fit;
+  static constexpr int stages_cap = stages_fit > max_stages ? max_stages : stages_fit;
+  // Whole slots go to the consumer warpgroups in turn, each waiting on a
+  // slot's phase parity only: a slot must come back to the same warpgroup
+  // (slots a multiple of the groups), or one could wait on a fill whose
+  // predecessor, consumed by another warpgroup, has not landed yet, and take
+  // that older phase for its own (8-bit 16-row tiles had 10 slots).
+  static constexpr int stages = Groups == 3 ? stages_cap / 3 * 3 : stages_cap;
   static_assert(stages >= 2, "a wide tile needs two pipeline slots");
   static constexpr size_t smem_bytes = stages * stage_bytes + red_bytes + tail_bytes;
 };

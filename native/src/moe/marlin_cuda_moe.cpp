@@ -53,6 +53,9 @@ int bucketed(const void* A, const void* B, void* C, const void* s, int prob_m, i
   const int n_full = prob_n_full == -1 ? prob_n : prob_n_full;
   if (n_full < prob_n || n_full % 64 != 0)
     return bad_shape("%s: prob_n_full=%d must be -1 or a multiple of 64 >= prob_n=%d", prob_n_full, prob_n);
+  if (n_full > FERRUM_MAX_DIM || prob_k > FERRUM_MAX_DIM)
+    return bad_shape("%s: prob_n_full=%d and prob_k=%d must be at most FERRUM_MAX_DIM=%d", n_full, prob_k,
+                     FERRUM_MAX_DIM);
   const int64_t b_need = static_cast<int64_t>(prob_k) * n_full / 32;
   if (b_int4_per_expert < b_need)
     return bad_shape("%s: b_int4_per_expert=%d is below one expert's weight (%lld)", b_int4_per_expert,

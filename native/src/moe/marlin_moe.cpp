@@ -148,6 +148,9 @@ int check_call(const MoeCall& m) {
     return bad_shape("%s: prob_n %d must be divisible by the Marlin minimum thread width 64", e, m.prob_n);
   if (m.prob_k % 64 != 0)
     return bad_shape("%s: prob_k %d must be divisible by the Marlin minimum thread width 64", e, m.prob_k);
+  if (m.prob_n > FERRUM_MAX_DIM || m.prob_k > FERRUM_MAX_DIM)
+    return bad_shape("%s: prob_n %d and prob_k %d must be at most FERRUM_MAX_DIM=%d", e, m.prob_n, m.prob_k,
+                     FERRUM_MAX_DIM);
   if (int st = check_group(m)) return st;
   if (m.dev < 0) return invalid("%s: device_ordinal must be non-negative, got %d", e, m.dev);
   if ((m.has_zp != 0) != (m.zeros != nullptr))
@@ -203,6 +206,13 @@ int run(const MoeCall& m) {
     if (m.add_rows_div > 0 && rows <= kFewRows && nc == NConfig::N256_K128) nc = NConfig::N256_K64;
   }
   const TileInfo tile = routed_tile_info(m8, nc, bits);
+  // The kernels count work units (slab, column tile, k tile) in 32 bits, and a
+  // routing block holds at least one routed row: at most prob_m * top_k slabs.
+  const int64_t unit_bound = static_cast<int64_t>(m.prob_m) * m.top_k * ((m.prob_n + tile.n_tile - 1) / tile.n_tile) *
+                             ((m.prob_k + tile.k_tile - 1) / tile.k_tile);
+  if (unit_bound > INT32_MAX)
+    return bad_shape("%s: prob_m * top_k = %lld routed rows in %d x %d tiles may make more than 2^31 work units",
+                     m.entry, static_cast<long long>(m.prob_m) * m.top_k, tile.k_tile, tile.n_tile);
   if (static_cast<size_t>(facts.max_smem) < tile.smem_bytes)
     return fail(FERRUM_STAGE_MAX_SHARED_MEMORY, cudaErrorInvalidConfiguration,
                 "%s: tile needs %zu bytes of shared memory, device %d offers %d", m.entry,

@@ -20,8 +20,8 @@ constexpr int kThreads = 128;
 // Rows go on gridDim.x (up to 2^31 - 1); the steps of a row on gridDim.y,
 // which stops at 65535 (the kernels loop past it).
 dim3 row_grid(int rows, int steps) {
-  const int chunks = (steps + kThreads - 1) / kThreads;
-  return dim3(rows, chunks < 65535 ? chunks : 65535);
+  const long long chunks = (static_cast<long long>(steps) + kThreads - 1) / kThreads;  // steps may be near 2^31
+  return dim3(rows, chunks < 65535 ? static_cast<unsigned>(chunks) : 65535u);
 }
 
 // Unsigned: a step index below 2^31 plus the grid stride cannot wrap.

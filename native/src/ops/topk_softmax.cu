@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 template <class T, int kPerLane>
 cudaError_t launch(const void* logits, int num_tokens, int num_experts, int top_k, bool renormalize,
                    float* weights, int* ids, cudaStream_t stream) {
-  const int blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int blocks = static_cast<int>((static_cast<long long>(num_tokens) + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return launch_chained(topk_softmax_kernel<T, kPerLane>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
                  static_cast<const T*>(logits), num_tokens, num_experts, top_k, renormalize, weights, ids);
 }
