@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 
   // Routed launches allow n and k that the tile does not divide (multiples of
   // 64): the last column / k tile is partial, its missing rows and chunks are
-  // zero-filled and never stored.
+  // zero-filled and never stored. Dense launches of the deep tile allow such an
+  // n (see step_back).
   const int n_tiles = (p.n + T::n_tile - 1) / T::n_tile;
   const int k_tiles = (p.k + T::k_tile - 1) / T::k_tile;
   // Blocks past the work exit.
@@ -196,6 +197,19 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     }
     return slab_expert(slab);
   };
+  // A partial last column tile of a dense launch of the deep tile (n a
+  // multiple of 64 that 256 does not divide, which the planner allows that
+  // tile only): this thread's copies of a missing chunk read the last chunk
+  // inside n again (in bounds; those columns are never stored), one offset
+  // per column, set here with the rest. (Routed launches zero-fill instead:
+  // load_tail_stage.) `unit`: of chunk unit / per_chunk.
+  static_assert(kThreads % (T::n_chunks * kChunkInt4) == 0, "each thread's weight copies lie in one chunk");
+  constexpr bool kDeepTile = T::n_tile == 256 && T::k_tile == 128 && !T::wgmma;
+  auto step_back = [&](int unit, int per_chunk) {
+    if constexpr (R != Route::Dense || kRowGroups || !kDeepTile) return 0;
+    // (chunks of this column tile inside n: p.n / 64 - f_c * n_chunks)
+    return max(unit / per_chunk + 1 - ((p.n >> 6) - f_c * T::n_chunks), 0) * per_chunk;
+  };
   auto seek = [&]() {
     long long e = 0;
     if constexpr (routed_by_ids(R)) {
@@ -220,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       e = f_dead ? 0 : slab_expert(f_slab);
     }
     const int4* const b0 = gB + e * p.route.b_expert_int4 + static_cast<size_t>(f_kt) * b_step +
-                           f_c * (T::n_chunks * kChunkInt4);
+                           f_c * (T::n_chunks * kChunkInt4) - step_back(tid % (T::n_chunks * kChunkInt4), kChunkInt4);
 #pragma unroll
     for (int i = 0; i < kBCopies; ++i) pb[i] = b0 + b_src[i];
     if constexpr (R == Route::Dense) {
@@ -264,14 +278,14 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       const int off = tid % (T::n_chunks * kSChunkInt4);
       const int group_row = ((f_kt * T::k_tile) >> group_shift) + r;
       ps = gS + e * (p.route.s_expert_bytes / 16) + static_cast<size_t>(group_row) * s_row_int4 +
-           f_c * (T::n_chunks * kSChunkInt4) + off;
+           f_c * (T::n_chunks * kSChunkInt4) + off - step_back(off, kSChunkInt4);
     }
     if (z_mine) {
       const int r = z_tid / (T::n_chunks * 2);
       const int off = z_tid % (T::n_chunks * 2);
       const int group_row = ((f_kt * T::k_tile) >> z_shift) + r;
       pz = gZ + e * p.route.z_expert_int4 + static_cast<size_t>(group_row) * p.z_row_int4 +
-           f_c * (T::n_tile / 32) + off;
+           f_c * (T::n_tile / 32) + off - step_back(off, 2);
     }
   };
   seek();

@@ -36,6 +36,9 @@ int column_tiles(const TileInfo& tile, int n);
 // returns a status (stage "shape").
 int check_tile_fits(const char* entry, const TileInfo& tile, int n, int k);
 
+// The same for a tile the caller forced: whole column tiles only.
+int check_forced_tile(const char* entry, const TileInfo& tile, int n, int k);
+
 struct DeviceFacts {
   int sms;        // multiprocessors to use (the request, clamped to the device)
   bool hopper;    // warpgroup-MMA tiles are available (sm_90a code on a 9.x device)

@@ -63,7 +63,7 @@ int w4a16(const void* A, const void* B, void* C, const void* s, int prob_m, int 
   if (forced) {
     if (nc == NConfig::N256_K128 && m8 > kDeepTileMaxM8)
       return bad_shape("%s: tile (thread_k=128, thread_n=256) serves prob_m <= 16, got prob_m=%d", prob_m);
-    if (int st = check_tile_fits(kEntry, tile_info(m8, nc, kBits), prob_n, prob_k)) return st;
+    if (int st = check_forced_tile(kEntry, tile_info(m8, nc, kBits), prob_n, prob_k)) return st;
   }
   // One lock per column tile: the narrowest tile this call can use must fit in
   // the documented workspace of max(1, n/128) * max_par locks.

@@ -201,7 +201,7 @@ int mm(const FerrumMarlinLaunch* launch) {
   NConfig nc = NConfig::N128_K128;
   if (forced) {
     forced_config(l.thread_k, l.thread_n, &nc);
-    if (int st = check_tile_fits(kEntry, tile_info(m8, nc, bits), l.n, l.k)) return st;
+    if (int st = check_forced_tile(kEntry, tile_info(m8, nc, bits), l.n, l.k)) return st;
   }
   DeviceFacts facts{};
   if (int st = query_device(kEntry, l.device, l.sms, &facts)) return st;
