@@ -49,12 +49,12 @@ from .validation import (
     DEFAULT_MAX_PAR,
     I32_MAX,
     W4A16Problem,
-    check_dim,
     check_int,
     check_non_negative,
     check_multiple,
     check_pointer,
     check_positive,
+    check_sliced_dims,
     check_span,
     checked_product,
     fail,
@@ -617,8 +617,7 @@ def _check_bucket_shape(entry: str, p: "MoeBucketProblem") -> None:
     check_positive(entry, "k", p.k)
     check_multiple(entry, "n", p.n, 64)
     check_multiple(entry, "k", p.k, 64)
-    check_dim(entry, "k", p.k)
-    check_dim(entry, "n_full" if p.n_full != -1 else "n", p.n if p.n_full == -1 else p.n_full)
+    check_sliced_dims(entry, p.n, p.k, p.n_full)
     if p.group_size not in (-1, 128):
         fail(f"{entry}: group_size={p.group_size} must be -1 (channelwise) or 128")
     if p.group_size == 128:

@@ -77,6 +77,12 @@ def check_dim(entry: str, name: str, value: int) -> None:
         fail(f"{entry}: {name}={value} must be at most FERRUM_MAX_DIM={FERRUM_MAX_DIM}")
 
 
+def check_sliced_dims(entry: str, n: int, k: int, n_full: int) -> None:
+    """k and the weight's row width (n_full, or n when -1) of the W4A16-layout entries."""
+    check_dim(entry, "k", k)
+    check_dim(entry, "n_full" if n_full != -1 else "n", n if n_full == -1 else n_full)
+
+
 def check_pointer(entry: str, name: str, ptr: int, alignment: int) -> None:
     if not ptr:
         fail(f"{entry}: {name} pointer must not be null")
@@ -166,8 +172,7 @@ def check_w4a16_shape(
     check_positive(entry, "k", k)
     check_multiple(entry, "n", n, 64)
     check_multiple(entry, "k", k, 128)
-    check_dim(entry, "k", k)
-    check_dim(entry, "n_full" if n_full != -1 else "n", n if n_full == -1 else n_full)
+    check_sliced_dims(entry, n, k, n_full)
     if group_size not in W4A16_GROUP_SIZES:
         fail(f"{entry}: group_size={group_size} must be -1 (channelwise) or 128")
     if n_full != -1 and (n_full < n or n_full % 64 != 0):
