@@ -43,7 +43,7 @@ TileInfo info_m8(int m8) {
 template <int Tokens, int Bits>
 TileInfo info_wide() {
   using W = WideTile<Tokens, Bits>;
-  return TileInfo{W::m_rows, W::n_tile, W::k_tile, W::smem_bytes, W::partial_n};
+  return TileInfo{W::m_rows, W::n_tile, W::k_tile, W::smem_bytes, W::serves_partial_n};
 }
 
 template <int Bits>
@@ -136,8 +136,8 @@ NConfig wide_config(int m, int k, int group_size, WType w) {
 }  // namespace
 
 // On Hopper (sm_90a) problems of more than 16 rows (and most of 9..16, see
-// wide_config) take the warp-specialised kernel where its tile serves n (4-bit
-// weights: any multiple of 64; 8-bit: whole 256-column tiles) and k;
+// wide_config) take the warp-specialised kernel where its tile serves n (any
+// multiple of 64) and k;
 // elsewhere slabs of up to 8 rows on Hopper (4-bit, FP8 and fp16 INT8 weights),
 // and small 4-bit slabs on long problems (at least 8 units per resident block,
 // two blocks per SM), take the deep 256 x 128 tile; otherwise 128x128 tiles keep
@@ -149,9 +149,9 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType
   const int bits = weight_bits(w);
   if (hopper && n % 64 == 0 && k % 64 == 0) {
     const NConfig wide = wide_config(m, k, group_size, w);
-    // n: whole column tiles, or a partial last one (4-bit weights; H200, W4A16
-    // 8192 x 29568 against the 8-warp kernel's 128-column tiles: m = 16 56.7 ->
-    // 41.7 us, m = 64 121 -> 63.3, m = 256 441 -> 167).
+    // n: whole column tiles, or a partial last one (H200, W4A16 8192 x 29568
+    // against the 8-warp kernel's 128-column tiles: m = 16 56.7 -> 41.7 us,
+    // m = 64 121 -> 63.3, m = 256 441 -> 167).
     if (wide != NConfig::N128_K128 && tile_fits_n(tile_info(1, wide, bits), n)) return wide;
   }
   if (m8 == 8 && n % 256 == 0 && hopper) return NConfig::N256_K64_WGMMA;

@@ -159,6 +159,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     int c = (u_begin / k_tiles) % n_tiles;
     int slab = u_begin / k_tiles / n_tiles;
     const int4* pb = nullptr;
+    // 8-bit 256-column tiles: the copies of odd j lie two chunks right of
+    // copy 0 (unit tid + 128); their step back less copy 0's (partial_n).
+    constexpr bool kBTwoChunks = kBRowInt4 > W::producers;
+    [[maybe_unused]] int b_hi_back = 0;
     const int4* pa[kACopies] = {};
     bool a_live[kACopies] = {};  // this thread's rows exist (else it copies zeros)
     [[maybe_unused]] int a_src[kACopies] = {};  // routed: their rows of A, fixed per slab
@@ -195,6 +199,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       const long long e = kSorted ? max(expert, 0ll) : 0;
       pb = gB + e * p.route.b_expert_int4 + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 +
            b_first - step_back(c, tid % kBRowInt4, 32 * W::b_words);
+      if constexpr (kBTwoChunks && W::partial_n)
+        b_hi_back = step_back(c, tid + W::producers, 32 * W::b_words) - step_back(c, tid, 32 * W::b_words);
       if constexpr (!kTensorA) {
 #pragma unroll
         for (int j = 0; j < kACopies; ++j) {
@@ -222,11 +228,13 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       const bool copy = !kSorted || expert >= 0;
       int4* const db = sh_b + slot * W::b_stage + tid;
 #pragma unroll
-      for (int j = 0; j < kBCopies; ++j)
+      for (int j = 0; j < kBCopies; ++j) {
+        const int unit = (W::producers * j) % kBRowInt4;  // 0, or 128 for odd j of two chunks per k row
+        const int back = kBTwoChunks && W::partial_n && unit != 0 ? b_hi_back : 0;
         if (copy)
           ptx::cp_async16_hint(db + j * W::producers,
-                               pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + (W::producers * j) % kBRowInt4,
-                               weights_policy);
+                               pb + ((W::producers * j) / kBRowInt4) * p.b_row_int4 + unit - back, weights_policy);
+      }
       if constexpr (kTensorA) {
         if (tid == kTensorCopier) {
           tma::arrive_expect_tx(full + slot, 16u * W::a_stage);
@@ -789,17 +797,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
 #endif
 }
 
-template <int Tokens, class F, bool WholeSlots, bool RowGroups = false, bool TwoWindows = false>
-cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
-  using W = WideTile<Tokens, F::bits, WholeSlots ? 3 : 2, RowGroups>;
-  // Per-column locks hold one lock per column: fp32 reduce, whose parts each
-  // need their own, takes locks by range (ColumnEpilogue::share_of). n: whole
-  // column tiles, or a partial last one where the copier can step back.
-  if ((W::parts > 1 && args.fp32_reduce && !args.lock_by_range) ||
-      (args.n % W::n_tile != 0 && !(W::partial_n && args.n % 64 == 0))) {
-    *stage = FERRUM_STAGE_KERNEL_LAUNCH;
-    return cudaErrorInvalidValue;
-  }
+template <class W, class F, bool WholeSlots, bool TwoWindows>
+cudaError_t launch_wide_instance(Args& args, const Launch& launch, int* stage) {
   CUtensorMap a_map{};  // the activations, in boxes of one slab's rows and 64 k (slabs of more than 16 rows)
   if constexpr (W::tensor_a) {
     if (const cudaError_t err = encode_rows_map(&a_map, args.a, args.m, args.k, 8ll * args.a_row_int4, W::m_rows)) {
@@ -811,13 +810,31 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
       W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args, launch, stage, a_map);
 }
 
+template <int Tokens, class F, bool WholeSlots, bool RowGroups = false, bool TwoWindows = false>
+cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
+  using W = WideTile<Tokens, F::bits, WholeSlots ? 3 : 2, RowGroups>;
+  // Per-column locks hold one lock per column: fp32 reduce, whose parts each
+  // need their own, takes locks by range (ColumnEpilogue::share_of). n: whole
+  // column tiles, or a partial last one where the copier can step back.
+  if ((W::parts > 1 && args.fp32_reduce && !args.lock_by_range) ||
+      (args.n % W::n_tile != 0 && !(W::serves_partial_n && args.n % 64 == 0))) {
+    *stage = FERRUM_STAGE_KERNEL_LAUNCH;
+    return cudaErrorInvalidValue;
+  }
+  if constexpr (W::two_chunk_rows && W::serves_partial_n) {
+    using Partial = WideTile<Tokens, F::bits, WholeSlots ? 3 : 2, RowGroups, false, true>;
+    if (args.n % W::n_tile != 0) return launch_wide_instance<Partial, F, WholeSlots, TwoWindows>(args, launch, stage);
+  }
+  return launch_wide_instance<W, F, WholeSlots, TwoWindows>(args, launch, stage);
+}
+
 // Routed (fused-MoE) slabs of 32, 48 or 64 rows: dequantisation mode, rows
 // gathered. The slot depth must divide k; 4-bit weights may leave the last
 // column tile partial (n a multiple of 64), 8-bit weights may not.
 template <int Tokens, class F>
 cudaError_t launch_wide_routed_tile(Args& args, const Launch& launch, int* stage) {
   using W = WideTile<Tokens, F::bits, 2, false, true>;
-  const int n_unit = F::bits == 4 ? 64 : W::n_tile;
+  const int n_unit = W::serves_partial_n ? 64 : W::n_tile;
   // Every routed column leaves in parts, each under its own lock: locks by range only.
   if (!args.lock_by_range || args.k % W::k_tile != 0 || args.n % n_unit != 0) {
     *stage = FERRUM_STAGE_KERNEL_LAUNCH;

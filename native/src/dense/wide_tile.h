@@ -18,7 +18,10 @@ constexpr size_t kWideSmemBudget = 227 * 1024;
 // its rows of the sorted g_idx and a window of scale rows from its first group.
 // Gather: routed (MoE) slabs, whose activation rows the copier gathers one
 // 16-byte copy at a time (the rows of a routing block are scattered over A).
-template <int Tokens, int Bits, int Groups = 2, bool RowGroups = false, bool Gather = false>
+// PartialTile: the instance for a partial last column tile where stepping
+// back costs the copier work per slot (see partial_n).
+template <int Tokens, int Bits, int Groups = 2, bool RowGroups = false, bool Gather = false,
+          bool PartialTile = false>
 struct WideTile {
   static_assert(Groups == 2 || (Groups == 3 && Tokens == 16), "three consumer warpgroups serve 16-row slabs");
   static_assert(!Gather || ((Tokens == 32 || Tokens == 48 || Tokens == 64) && Groups == 2 && !RowGroups),
@@ -49,11 +52,18 @@ struct WideTile {
   // A partial last column tile (n a multiple of 64 that n_tile does not
   // divide: GPT-OSS's 2880, Qwen2.5-72B's 29568, vocabularies): the copier
   // threads of its missing chunks copy the last chunk inside n again, one
-  // offset per thread and column, which needs each thread's weight copies to
-  // lie in one chunk: a k row of the tile is at most one copy per producer
-  // (4-bit weights; 8-bit ones in 128-column tiles). Those columns are never
-  // stored.
-  static constexpr bool partial_n = n_chunks * 32 * b_words <= producers && !RowGroups;
+  // offset per thread and column, where a k row of the tile is at most one
+  // copy per producer (4-bit weights, 8-bit ones in 128-column tiles). In
+  // 8-bit 256-column tiles a thread's copies lie in chunks tid / 64 and
+  // tid / 64 + 2, two offsets, whose per-slot cost made whole tiles 1-3 %
+  // slower at m = 64 and 128 (H200): a PartialTile instance of their own,
+  // dense only (the routed copier spilled in its slot loop). Those columns
+  // are never stored.
+  static constexpr bool two_chunk_rows = n_chunks * 32 * b_words > producers;
+  static_assert(!PartialTile || (two_chunk_rows && !Gather && !RowGroups), "a partial instance of its own");
+  static constexpr bool partial_n = !RowGroups && (!two_chunk_rows || PartialTile);  // this instance steps back
+  // Whether a launch may leave the last tile partial (on the PartialTile instance where it has one).
+  static constexpr bool serves_partial_n = !RowGroups && (!two_chunk_rows || !Gather);
   static constexpr int groups = Groups;
   static constexpr int consumers = 128 * Groups;
   static constexpr int threads = producers + consumers;

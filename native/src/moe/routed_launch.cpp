@@ -67,7 +67,7 @@ bool routed_m8_supported(int m8) { return m8 == 1 || m8 == 2 || m8 == 4 || m8 ==
 template <int Tokens, int Bits>
 TileInfo wide_info() {
   using W = dense::WideTile<Tokens, Bits, 2, false, true>;
-  return TileInfo{W::m_rows, W::n_tile, W::k_tile, W::smem_bytes, W::partial_n};
+  return TileInfo{W::m_rows, W::n_tile, W::k_tile, W::smem_bytes, W::serves_partial_n};
 }
 
 TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
