@@ -49,6 +49,18 @@ __device__ __forceinline__ void wait() {
 #endif
 }
 
+// Ties accumulators to this point: the compiler may not move their reads or
+// writes across it. The tensor cores write them asynchronously, so their
+// values are final only after a wait_group, and nothing in the wgmma or wait
+// statements tells the compiler so (CUTLASS fences its operands the same way).
+template <class Accumulators>
+__device__ __forceinline__ void fence_operands(Accumulators& acc) {
+  float* const v = reinterpret_cast<float*>(&acc);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(Accumulators) / sizeof(float)); ++i)
+    asm volatile("" : "+f"(v[i])::"memory");
+}
+
 // Hands registers from the copying warpgroup to the computing ones (the
 // per-thread limits of a warpgroup; the block's total must not grow).
 template <int Regs>

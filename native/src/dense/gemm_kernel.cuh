@@ -572,6 +572,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       }
       wgmma::commit();
       wgmma::wait<0>();
+      wgmma::fence_operands(acc);
     } else if constexpr (kImages) {
       // part: image products of the current group window; corr: products of
       // the correction fragment, the same for every tile, so computed once.

@@ -653,6 +653,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
             }
           }
         };
+        auto fence_partials = [&] {
+          wgmma::fence_operands(part);
+          if constexpr (kSlotImages) wgmma::fence_operands(corr);
+        };
         auto fold = [&] {
           if constexpr (kSlotImages) fold_images<F, W::m8>(acc, part, corr, scales, zero_word);
           else fold_scaled<F>(acc, part, scales);
@@ -685,6 +689,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
             if constexpr (TwoWindows) {
               if (row + 1 == window) {  // the first of two windows
                 wgmma::wait<0>();
+                fence_partials();
                 read_scales(sl, 0);
                 fold();
                 load_zeros(1);
@@ -699,6 +704,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
         // may refill it.
         read_scales(sl, W::k_rows / window - 1);
         wgmma::wait<0>();
+        fence_partials();
         mbar::arrive(empty + sl.index);
         fold();
       }
@@ -784,6 +790,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
       else
         slots(false);
       wgmma::wait<0>();
+      wgmma::fence_operands(acc);
       mbar::arrive(empty + release);
       release = -1;
       finish_column(u_begin + i - 1, acc);
