@@ -125,11 +125,9 @@ def tall_blocks_warp_specialised(device: int, w13: MarlinMoeWeight, w2: MarlinMo
     warp-specialised Hopper kernel. The native planner decides
     (``routed_wide_config`` in native/src/moe/routed_launch.cpp); this is its
     rule: a Hopper device, a library with sm_90a code, and both GEMMs' N at
-    least 256 (4-bit formats, MXFP4 included: the last 256-column tile may be
-    partial) or divisible by 256 (8-bit FP8). K is a multiple of 64 in every
-    MoE weight, as the slots need."""
-    multiple = 64 if w13.kind in ("u4b8", "u4", "mxfp4") else 256
-    if any(w.n < 256 or w.n % multiple for w in (w13, w2)):
+    least 256 (every format: the last 256-column tile may be partial). N and K
+    are multiples of 64 in every MoE weight, as the tiles and slots need."""
+    if any(w.n < 256 for w in (w13, w2)):
         return False
     return device_compute_major(device) == 9 and "90a" in library().build_info
 

@@ -9,6 +9,9 @@ Two MoE layers, at every m (tokens) asked for:
                top-4; MXFP4 x BF16 with the bf16 bias.
                gate_up N=5760 K=2880, down N=2880 K=2944 (K padded from 2880
                for the kernel's 128x64 tile).
+  * ``qwen-fp8-tp4``  the Qwen-like layer's tensor-parallel shard of four,
+               FP8 E4M3 channelwise x FP16: gate_up N=384 K=2048 (a partial
+               last 256-column tile), down N=2048 K=192.
 Routing: each token picks top_k distinct experts uniformly at random (fixed
 seed), aligned once by ferrum_ffi.moe_ops.moe_align_block_size.
 
@@ -94,7 +97,7 @@ class LayerSpec:
     intermediate: int
     experts: int
     top_k: int
-    kind: str  # "u4b8" (fp16 activations) or "mxfp4" (bf16)
+    kind: str  # "u4b8" or "fe4m3fn" (fp16 activations), "mxfp4" (bf16)
     group_size: int
     gemms: tuple[GemmSpec, GemmSpec]
 
@@ -115,6 +118,11 @@ LAYERS: dict[str, LayerSpec] = {
         # The down K is the library's physical K for (2880, 2880) unless
         # --gptoss-down-k says otherwise (with_physical_k).
         gemms=(GemmSpec("gate_up", 2 * 2880, 2880, 2880), GemmSpec("down", 2880, 2880, 2880)),
+    ),
+    "qwen-fp8-tp4": LayerSpec(
+        key="qwen-fp8-tp4", title="Qwen3-30B-A3B-like FP8, TP shard 1 of 4", hidden=2048, intermediate=192,
+        experts=128, top_k=8, kind="fe4m3fn", group_size=-1,
+        gemms=(GemmSpec("gate_up", 2 * 192, 2048, 2048), GemmSpec("down", 2048, 192, 192)),
     ),
 }
 
@@ -409,16 +417,20 @@ def all_finite(cp: Any, ff: Any, array: Any) -> bool:
 def random_marlin_weight(bench: Bench, layer: LayerSpec, gemm: GemmSpec, seed: int) -> Any:
     """A MarlinMoeWeight of random codes straight in the Marlin layout on the
     device (quantising 128 experts on the host would dominate the run):
-    u4b8 with fp16 scales in [0.002, 0.02]; mxfp4 with E8M0 bytes 119..124
-    (0 in the padded K groups, as from_mxfp4 pads) and a small bf16 bias."""
+    u4b8 and fe4m3fn with fp16 scales in [0.002, 0.02] (E4M3 bytes below
+    magnitude 2: no NaN codes); mxfp4 with E8M0 bytes 119..124 (0 in the
+    padded K groups, as from_mxfp4 pads) and a small bf16 bias."""
     import ml_dtypes
 
     from ferrum_ffi.moe_weights import MarlinMoeWeight
 
     rng = np.random.default_rng([seed, gemm.n, gemm.k])
     e, n, k = layer.experts, gemm.n, gemm.k
-    qweight = rng.integers(np.iinfo(np.int32).min, np.iinfo(np.int32).max, size=(e, k // 16, 2 * n),
+    words = 4 * n if layer.kind == "fe4m3fn" else 2 * n
+    qweight = rng.integers(np.iinfo(np.int32).min, np.iinfo(np.int32).max, size=(e, k // 16, words),
                            dtype=np.int32, endpoint=True)
+    if layer.kind == "fe4m3fn":
+        qweight &= np.int32(np.uint32(0xBFBFBFBF).view(np.int32))
     if layer.kind == "mxfp4":
         scales = rng.integers(119, 125, size=(e, k // MXFP4_GROUP, n), dtype=np.uint8)
         scales[:, gemm.logical_k // MXFP4_GROUP:] = 0

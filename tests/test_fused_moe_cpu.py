@@ -143,11 +143,12 @@ def test_tall_blocks_follow_the_native_planners_rule(monkeypatch):
 
     assert layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2048))
     assert layer.tall_blocks_warp_specialised(0, w("fe4m3fn", 512), w("fe4m3fn", 256))
-    # 4-bit weights: a partial last 256-column tile (GPT-OSS's 2880, 5760)
+    # A partial last 256-column tile (GPT-OSS's 2880, 5760), every format
     assert layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2880))
     assert layer.tall_blocks_warp_specialised(0, w("mxfp4", 5760), w("mxfp4", 2880))
-    assert not layer.tall_blocks_warp_specialised(0, w("fe4m3fn", 512), w("fe4m3fn", 2880))  # 8-bit: N % 256
+    assert layer.tall_blocks_warp_specialised(0, w("fe4m3fn", 384), w("fe4m3fn", 2048))  # a TP-4 shard's gate_up
     assert not layer.tall_blocks_warp_specialised(0, w("mxfp4", 5760), w("mxfp4", 192))  # N < 256
+    assert not layer.tall_blocks_warp_specialised(0, w("fe4m3fn", 192), w("fe4m3fn", 512))
     major["value"] = 8
     assert not layer.tall_blocks_warp_specialised(0, w("u4b8", 1536), w("u4b8", 2048))
     major["value"] = 9

@@ -405,13 +405,14 @@ def test_every_m_and_top_k(cp, name, m, top_k):
 
 
 # On Hopper, blocks of 32, 48 and 64 rows run the warp-specialised kernel where
-# N >= 256 (4-bit formats, MXFP4 included; the last 256-column tile may be
-# partial) or 256 divides N (FP8); blocks of 16, FP8's partial shapes and
-# other GPUs run the 8-warp kernel, and this test checks that path instead.
+# N >= 256 (every format; the last 256-column tile may be partial); blocks of
+# 16 and other GPUs run the 8-warp kernel, and this test checks that path
+# instead.
 WIDE_SHAPES = {
     "whole": (512, 512),  # (N, K): two 256-column tiles, four 128-deep / eight 64-deep k tiles
     "partial": (576, 512),  # a last column tile of one 64-column chunk
     "half": (640, 512),  # a last column tile of two chunks
+    "three": (704, 512),  # of three chunks
 }
 
 

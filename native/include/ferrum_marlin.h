@@ -179,9 +179,8 @@ FERRUM_API int marlin_cuda(const void* A, const void* B, void* C, const void* s,
  * Execution: device >= 0; sms -1 (all) or >= 1 (clamped to the device);
  *   thread_k/thread_n -1/-1 (automatic) or a tile override: (128,128), (64,256),
  *   (128,64), or (128,256) when m <= 16; K_FULL clear: -1/-1 or (128,128).
- *   Automatic on Hopper (sm_90a build) with k % 64 == 0 and n % 256 == 0 (4-bit
- *   weights: any n, the last column tile partial; 8-bit weights in 256-row
- *   slabs: n % 128 == 0 or partial; K_FULL clear: n % 256 == 0), for
+ *   Automatic on Hopper (sm_90a build) with k % 64 == 0 and n % 64 == 0 (the
+ *   last column tile may be partial; K_FULL clear: n % 256 == 0), for
  *   m > 16 and (K_FULL set) for m = 9..16 with group_size -1 or >= 64 (INT8
  *   also 32): a warp-specialised warpgroup-MMA kernel (256 x 64 tiles, 256 x
  *   128 for 4-bit weights in 16-row slabs; slabs of 16, 32 (k >= 8192), 64 or

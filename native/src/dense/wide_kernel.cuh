@@ -836,19 +836,28 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
 }
 
 // Routed (fused-MoE) slabs of 32, 48 or 64 rows: dequantisation mode, rows
-// gathered. The slot depth must divide k; 4-bit weights may leave the last
-// column tile partial (n a multiple of 64), 8-bit weights may not.
+// gathered. The slot depth must divide k; the last column tile may be
+// partial (n a multiple of 64; 8-bit weights on an instance of their own).
+template <class W, class F>
+cudaError_t launch_wide_routed_instance(Args& args, const Launch& launch, int* stage) {
+  return launch_resident<wide_kernel<W, F, false, false, Route::Sorted>, Route::Sorted>(
+      W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args, launch, stage, CUtensorMap{});
+}
+
 template <int Tokens, class F>
 cudaError_t launch_wide_routed_tile(Args& args, const Launch& launch, int* stage) {
   using W = WideTile<Tokens, F::bits, 2, false, true>;
-  const int n_unit = W::serves_partial_n ? 64 : W::n_tile;
+  static_assert(W::serves_partial_n, "routed tiles serve any n that is a multiple of 64");
   // Every routed column leaves in parts, each under its own lock: locks by range only.
-  if (!args.lock_by_range || args.k % W::k_tile != 0 || args.n % n_unit != 0) {
+  if (!args.lock_by_range || args.k % W::k_tile != 0 || args.n % 64 != 0) {
     *stage = FERRUM_STAGE_KERNEL_LAUNCH;
     return cudaErrorInvalidValue;
   }
-  return launch_resident<wide_kernel<W, F, false, false, Route::Sorted>, Route::Sorted>(
-      W::threads, W::smem_bytes, 1, W::n_tile, W::k_tile, args, launch, stage, CUtensorMap{});
+  if constexpr (W::two_chunk_rows) {
+    if (args.n % W::n_tile != 0)
+      return launch_wide_routed_instance<WideTile<Tokens, F::bits, 2, false, true, true>, F>(args, launch, stage);
+  }
+  return launch_wide_routed_instance<W, F>(args, launch, stage);
 }
 
 template <AType A, WType Wt>

@@ -56,14 +56,13 @@ struct WideTile {
   // copy per producer (4-bit weights, 8-bit ones in 128-column tiles). In
   // 8-bit 256-column tiles a thread's copies lie in chunks tid / 64 and
   // tid / 64 + 2, two offsets, whose per-slot cost made whole tiles 1-3 %
-  // slower at m = 64 and 128 (H200): a PartialTile instance of their own,
-  // dense only (the routed copier spilled in its slot loop). Those columns
-  // are never stored.
+  // slower at m = 64 and 128 (H200): a PartialTile instance of their own.
+  // Those columns are never stored.
   static constexpr bool two_chunk_rows = n_chunks * 32 * b_words > producers;
-  static_assert(!PartialTile || (two_chunk_rows && !Gather && !RowGroups), "a partial instance of its own");
+  static_assert(!PartialTile || (two_chunk_rows && !RowGroups), "a partial instance of its own");
   static constexpr bool partial_n = !RowGroups && (!two_chunk_rows || PartialTile);  // this instance steps back
   // Whether a launch may leave the last tile partial (on the PartialTile instance where it has one).
-  static constexpr bool serves_partial_n = !RowGroups && (!two_chunk_rows || !Gather);
+  static constexpr bool serves_partial_n = !RowGroups;
   static constexpr int groups = Groups;
   static constexpr int consumers = 128 * Groups;
   static constexpr int threads = producers + consumers;
@@ -71,8 +70,9 @@ struct WideTile {
   // (65536 per SM, one block: 168 per thread of 384, 128 of 512) is
   // redistributed, never grown (a warpgroup asking for more than the others
   // released waits forever). The routed copier also holds its slab's
-  // gathered rows and expert (at 40 it spilled).
-  static constexpr int producer_regs = Gather ? 48 : 40;
+  // gathered rows and expert (at 40 it spilled), and in a partial 8-bit
+  // tile the second step back (at 48 it spilled in its slot loop).
+  static constexpr int producer_regs = Gather ? (PartialTile ? 56 : 48) : 40;
   static constexpr int consumer_regs = Groups == 3 ? 152 : Gather ? 224 : 232;
   static constexpr int launch_regs = (65536 / (producers + consumers)) / 8 * 8;
   static_assert(producers * producer_regs + consumers * consumer_regs <= launch_regs * (producers + consumers),

@@ -73,7 +73,7 @@ int bucketed(const void* A, const void* B, void* C, const void* s, int prob_m, i
   NConfig nc{};
   if (thread_k == -1 && thread_n == -1) {
     // n, k multiples of 64: always a tile (the bucketed kernels are the 8-warp ones).
-    routed_auto_config(m8, prob_n, prob_k, /*hopper=*/false, WType::U4B8, &nc);
+    routed_auto_config(m8, prob_n, prob_k, /*hopper=*/false, &nc);
   } else if (!routed_forced_config(thread_k, thread_n, &nc)) {
     return invalid("%s: (thread_k=%d, thread_n=%d) must be -1/-1 or (128,128), (128,64), (64,256), (64,128), "
                    "(128,256) for prob_m 16",

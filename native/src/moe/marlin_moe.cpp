@@ -198,7 +198,7 @@ int run(const MoeCall& m) {
   if (int st = dense::query_device(m.entry, m.dev, -1, &facts)) return st;
   // n, k multiples of 64: always a tile.
   if (!forced) {
-    routed_auto_config(m8, m.prob_n, m.prob_k, facts.hopper, m.w_type, &nc);
+    routed_auto_config(m8, m.prob_n, m.prob_k, facts.hopper, &nc);
     // A decode step's few rows added into a zeroed C: the 64-deep tile's twice as
     // many units spread the little work more evenly over the blocks (H200, M = 1:
     // down projections 5-9 % faster, gate/up level; at 16 rows it loses).

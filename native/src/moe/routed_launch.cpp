@@ -85,9 +85,9 @@ TileInfo routed_tile_info(int m8, NConfig nc, int bits) {
 // 48-row blocks 299 -> 278), a narrower N 128 x 128; a dimension shorter than
 // the tile takes the narrower one. On Hopper, blocks of 32, 48 and 64 rows run
 // the warp-specialised kernel (see routed_wide_config).
-bool routed_auto_config(int m8, int n, int k, bool hopper, WType w, NConfig* nc) {
+bool routed_auto_config(int m8, int n, int k, bool hopper, NConfig* nc) {
   if (n % 64 != 0 || k % 64 != 0) return false;
-  if (hopper && routed_wide_config(m8, n, k, w, nc)) return true;
+  if (hopper && routed_wide_config(m8, n, k, nc)) return true;
   if (m8 <= dense::kDeepTileMaxM8 && n >= 256 && k >= 128) *nc = NConfig::N256_K128;
   else if (n >= 256) *nc = NConfig::N256_K64;
   else if (k >= 128 && n >= 128) *nc = NConfig::N128_K128;
@@ -100,13 +100,12 @@ bool routed_auto_config(int m8, int n, int k, bool hopper, WType w, NConfig* nc)
 // compute-bound at those heights, the warpgroup MMAs are not (MXFP4 too:
 // H200, GPT-OSS-like M = 256, blocks of 64 239 + 132 us for gate_up + down
 // against 261 + 144 in the 8-warp kernel's blocks of 48). Its 64-deep slots
-// must divide k; 4-bit weights may leave the last 256-column tile partial
-// (n >= 256), 8-bit weights need n % 256 == 0. (16-row routed slabs in
-// whole slots were built and measured slower than the 8-warp kernel's
-// blocks of 8 from M = 1 to 64, Qwen-like and GPT-OSS-like: not kept.)
-bool routed_wide_config(int m8, int n, int k, WType w, NConfig* nc) {
+// must divide k; the last 256-column tile may be partial (n >= 256). (16-row
+// routed slabs in whole slots were built and measured slower than the 8-warp
+// kernel's blocks of 8 from M = 1 to 64, Qwen-like and GPT-OSS-like: not kept.)
+bool routed_wide_config(int m8, int n, int k, NConfig* nc) {
   if (m8 != 4 && m8 != 6 && m8 != 8) return false;
-  if (n < 256 || n % (weight_bits(w) == 4 ? 64 : 256) != 0 || k % 64 != 0) return false;
+  if (n < 256 || n % 64 != 0 || k % 64 != 0) return false;
   *nc = m8 == 4 ? NConfig::WIDE_T32 : m8 == 6 ? NConfig::WIDE_T48 : NConfig::WIDE_T64;
   return true;
 }

@@ -17,13 +17,13 @@ bool routed_m8_supported(int m8);
 
 TileInfo routed_tile_info(int m8, NConfig nc, int bits);
 
-// The automatic tile for (n, k) of weight type w (hopper: the warp-specialised
-// kernel is available), or false when no routed tile divides them.
-bool routed_auto_config(int m8, int n, int k, bool hopper, WType w, NConfig* nc);
+// The automatic tile for (n, k) (hopper: the warp-specialised kernel is
+// available), or false when no routed tile divides them.
+bool routed_auto_config(int m8, int n, int k, bool hopper, NConfig* nc);
 
 // The warp-specialised kernel's tile for blocks of 8 * m8 rows, or false when
 // it serves none of them (Hopper builds with sm_90a code only).
-bool routed_wide_config(int m8, int n, int k, WType w, NConfig* nc);
+bool routed_wide_config(int m8, int n, int k, NConfig* nc);
 
 // (thread_k, thread_n) of a routed tile; false if none is built.
 bool routed_forced_config(int thread_k, int thread_n, NConfig* nc);
