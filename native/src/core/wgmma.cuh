@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "ptx.cuh"
 
 namespace ferrum::wgmma {
@@ -55,6 +57,8 @@ __device__ __forceinline__ void wait() {
 // statements tells the compiler so (CUTLASS fences its operands the same way).
 template <class Accumulators>
 __device__ __forceinline__ void fence_operands(Accumulators& acc) {
+  static_assert(std::is_array_v<Accumulators> && std::is_same_v<std::remove_all_extents_t<Accumulators>, float>,
+                "an array of fp32 accumulators");
   float* const v = reinterpret_cast<float*>(&acc);
 #pragma unroll
   for (int i = 0; i < static_cast<int>(sizeof(Accumulators) / sizeof(float)); ++i)

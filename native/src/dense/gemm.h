@@ -126,7 +126,8 @@ struct TileInfo {
   int k_tile;
   size_t smem_bytes;
   // The tile may leave the last column tile partial (n a multiple of 64 that
-  // n_tile does not divide): the wide kernel's copier steps back in its place.
+  // n_tile does not divide): the copier steps back in its place (in the wide
+  // kernel's 8-bit 256-column tiles, an instance of their own does).
   bool partial_n = false;
 };
 

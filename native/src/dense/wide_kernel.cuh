@@ -162,6 +162,7 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     // 8-bit 256-column tiles: the copies of odd j lie two chunks right of
     // copy 0 (unit tid + 128); their step back less copy 0's (partial_n).
     constexpr bool kBTwoChunks = kBRowInt4 > W::producers;
+    static_assert(!kBTwoChunks || kBRowInt4 == 2 * W::producers, "at most two copies per k row");
     [[maybe_unused]] int b_hi_back = 0;
     const int4* pa[kACopies] = {};
     bool a_live[kACopies] = {};  // this thread's rows exist (else it copies zeros)
@@ -173,9 +174,10 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
     // A partial last column tile (W::partial_n): the threads of its missing
     // chunks copy the last chunk inside n again (in bounds, from L2; those
     // columns are never stored). Each thread's copies of one kind belong to
-    // one chunk, so the step back is one offset per thread and column (a test
-    // per copy made the copier spill: routed W4A16 blocks of 32 1.5x slower),
-    // in 16-byte units: `unit` of chunk unit / `per_chunk`.
+    // one chunk (B in 8-bit 256-column tiles: two, see b_hi_back), so the
+    // step back is one offset per thread and column (a test per copy made the
+    // copier spill: routed W4A16 blocks of 32 1.5x slower), in 16-byte units:
+    // `unit` of chunk unit / `per_chunk`.
     auto step_back = [&](int c, int unit, int per_chunk) {
       if constexpr (!W::partial_n) return 0;
       const int chunk = unit / per_chunk;
@@ -195,7 +197,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
           }
         }
       }
-      // (B: thread tid copies unit tid % kBRowInt4 of its rows, one chunk.)
+      // (B: thread tid copies unit tid % kBRowInt4 of its rows, one chunk;
+      // in two-chunk rows also unit tid + 128, b_hi_back.)
       const long long e = kSorted ? max(expert, 0ll) : 0;
       pb = gB + e * p.route.b_expert_int4 + static_cast<size_t>(kt) * W::k_rows * p.b_row_int4 + c * kBRowInt4 +
            b_first - step_back(c, tid % kBRowInt4, 32 * W::b_words);
