@@ -384,6 +384,25 @@ def test_strided_rows(cp, dtype_name, act_order, m):
     assert relative_l2(out, ref) < TOLERANCE[weight.dtype]
 
 
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("m", [16, 64, 300])
+def test_act_order_gather_of_long_rows(cp, m, strided):
+    # Rows of 32 KB take the staged gather from m = 16 on: at m = 16 and 64
+    # each row's output is split over two blocks, at m = 300 a block takes two
+    # or three rows through its ring of two row buffers.
+    k = 16384
+    key = ("long-act", k)
+    if key not in _weights:
+        _weights[key] = make_weight("U4B8", F16, 128, True, k=k, n=256)
+    weight = _weights[key]
+    lda = k + 64 if strided else k
+    full = activations(m, lda, F16, seed=m)
+    x = to_device(cp, full)
+    out = ff.linear(x[:, :k] if strided else x, weight)
+    ref = reference_product(cp, full[:, :k], weight.reference_dequant())
+    assert relative_l2(out, ref) < TOLERANCE[F16]
+
+
 def test_leading_dimensions(cp):
     weight = cached_weight(cp, "U8B128", "f16", 64, False)
     x = activations(24, K, F16, seed=9)

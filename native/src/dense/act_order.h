@@ -11,9 +11,9 @@ namespace ferrum::dense {
 // 16-byte aligned, k % 8 == 0. A perm entry outside min(k, lda) reads column 0
 // rather than out of bounds. Launched as a chained
 // kernel (core/chained_launch.h): it waits for the previous kernel's A.
-// max_smem: the device's opt-in shared memory per block (tall activations
-// stage a row there when it fits).
-cudaError_t gather_columns(const void* a, int lda, const int* perm, void* a_tmp, int m, int k, int max_smem,
+// sms, max_smem: the multiprocessors in use and the device's opt-in shared
+// memory per block (tall activations stage a row there when it fits).
+cudaError_t gather_columns(const void* a, int lda, const int* perm, void* a_tmp, int m, int k, int sms, int max_smem,
                            cudaStream_t stream);
 
 }  // namespace ferrum::dense

@@ -236,7 +236,7 @@ int mm(const FerrumMarlinLaunch* launch) {
   const void* a = l.a;
   int lda = l.lda;
   if (l.flags & FERRUM_MM_FLAG_ACT_ORDER) {
-    const cudaError_t err = gather_columns(l.a, l.lda, l.perm, l.a_tmp, l.m, l.k, facts.max_smem, stream);
+    const cudaError_t err = gather_columns(l.a, l.lda, l.perm, l.a_tmp, l.m, l.k, facts.sms, facts.max_smem, stream);
     if (err != cudaSuccess) return fail_cuda(FERRUM_STAGE_ACT_ORDER_LAUNCH, err, "ferrum_marlin_mm: act-order gather");
     a = l.a_tmp;
     lda = l.k;
