@@ -246,17 +246,19 @@ def _run(
     if config.zero_workspace:
         with profile.timed(lib, stream, "ws_zero", config):
             lib.check("ferrum_marlin_memset_async", lib.ferrum_marlin_memset_async(ws_ptr, 0, ws_ints * 4, stream))
-    profile.trace_shape(
-        config, entry=entry, m=m, n=n, k=weight.k, gs=weight.group_size,
-        qweight_len=q.size, scales_len=s.size, workspace_len=ws.size,
-        a_ptr=a_ptr, b_ptr=q_ptr, c_ptr=c_ptr, s_ptr=s_ptr, ws_ptr=ws_ptr,
-    )
+    if config.trace_shapes:  # its fields are built only when they are printed
+        profile.trace_shape(
+            config, entry=entry, m=m, n=n, k=weight.k, gs=weight.group_size,
+            qweight_len=q.size, scales_len=s.size, workspace_len=ws.size,
+            a_ptr=a_ptr, b_ptr=q_ptr, c_ptr=c_ptr, s_ptr=s_ptr, ws_ptr=ws_ptr,
+        )
     with profile.timed(lib, stream, "kernel", config):
         code = lib.marlin_cuda(
             a_ptr, q_ptr, c_ptr, s_ptr, m, n, weight.k, ws_ptr, weight.group_size, weight._device,
             stream, thread_k, thread_n, sms, weight.max_par, -1,
         )
-    lib.check(entry, code, {"m": m, "n": n, "k": weight.k, "group_size": weight.group_size, "expert": expert})
+    if code:  # the shape report is built only for a failure
+        lib.check(entry, code, {"m": m, "n": n, "k": weight.k, "group_size": weight.group_size, "expert": expert})
 
 
 def _activations(entry: str, a: Any, weight: MarlinWeight) -> DeviceArray:

@@ -8,6 +8,8 @@ every rule (``validation``), take the cached per-(device, stream) scratch
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,7 @@ from .mm import call_marlin_mm, resolved_sms
 from .status import ArgumentTypeError
 from .validation import (
     MmBuffers,
+    MmProblem,
     check_array,
     check_shape,
     fail,
@@ -42,7 +45,7 @@ def _rows(view: DeviceArray, k: int) -> tuple[int, int]:
         fail(f"{ENTRY}: x must have at least one dimension [..., k], got a scalar")
     if view.shape[-1] != k:
         fail(f"{ENTRY}: x has {view.shape[-1]} columns (last dimension), the weight takes in_features={k}")
-    m = int(np.prod(view.shape[:-1], dtype=np.int64))  # 1 for a single row [k]
+    m = math.prod(view.shape[:-1])  # 1 for a single row [k]
     if view.is_c_contiguous:
         return m, k
     item = view.itemsize
@@ -51,6 +54,45 @@ def _rows(view: DeviceArray, k: int) -> tuple[int, int]:
     fail(f"{ENTRY}: x must be C-contiguous, or 2-D with unit column stride and rows lda elements apart "
          f"(shape {view.shape}, strides {view.strides})")
     raise AssertionError("unreachable: fail raises")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a call shape on a weight needs before its arrays are read: the
+    checked problem, the multiprocessor count its buffers are sized for and
+    the bytes each buffer must hold."""
+
+    problem: MmProblem
+    sm_count: int
+    spans: dict[str, int]
+
+
+_PLANS_PER_WEIGHT = 64  # distinct call shapes kept; more (varying prefill lengths) start over
+
+
+def _plan(weight: MarlinLinearWeight, m: int, lda: int, fp32_reduce: bool, sms: Any, thread_k: Any,
+          thread_n: Any) -> _Plan:
+    """The plan of one call shape, checked once and then kept on the weight
+    (the scalar rules and span sums were most of a call's host time). Only
+    plain ``int`` tuning arguments are kept: a bool or NumPy integer is equal
+    to an int as a key but not under the rules, so it is checked every time."""
+    key = (m, lda, fp32_reduce, sms, thread_k, thread_n)
+    cacheable = m > 0 and type(sms) is int and type(thread_k) is int and type(thread_n) is int
+    if cacheable:
+        plan = weight._plans.get(key)
+        if plan is not None:
+            return plan
+    problem = weight.problem(m, lda=lda, fp32_reduce=fp32_reduce, sms=sms, thread_k=thread_k, thread_n=thread_n)
+    validate_mm(problem, ENTRY)
+    if m == 0:  # nothing is launched: no device query, no buffers
+        return _Plan(problem, 0, {})
+    sm_count = resolved_sms(problem.sms, weight.device)
+    plan = _Plan(problem, sm_count, mm_spans(problem, sm_count, ENTRY))
+    if cacheable:
+        if len(weight._plans) >= _PLANS_PER_WEIGHT:
+            weight._plans.clear()
+        weight._plans[key] = plan
+    return plan
 
 
 def _check_device(name: str, obj: Any, view: DeviceArray, weight: MarlinLinearWeight) -> None:
@@ -108,9 +150,8 @@ def linear(
         )
     m, lda = _rows(x_view, weight.in_features)
     out_shape = x_view.shape[:-1] + (weight.n,)
-    problem = weight.problem(m, lda=lda, fp32_reduce=bool(fp32_reduce), sms=sms,
-                             thread_k=thread_k, thread_n=thread_n)
-    validate_mm(problem, ENTRY)
+    plan = _plan(weight, m, lda, bool(fp32_reduce), sms, thread_k, thread_n)
+    problem = plan.problem
     if m and x_view.ptr % 16:
         fail(f"{ENTRY}: x pointer {x_view.ptr:#x} must be 16-byte aligned")
     _check_device("x", x, x_view, weight)
@@ -128,8 +169,7 @@ def linear(
         return out
     handle = prepare_stream(stream, views)
     device = weight.device
-    sm_count = resolved_sms(problem.sms, device)
-    spans = mm_spans(problem, sm_count, ENTRY)
+    sm_count, spans = plan.sm_count, plan.spans
     scratch = scratch_for(
         device, handle, x,
         workspace_bytes=spans["workspace"],
@@ -153,7 +193,7 @@ def linear(
         c_tmp_bytes=scratch.c_tmp.nbytes if fp32_reduce else 0,
         bias=0 if bias_view is None else bias_view.ptr,
     )
-    validate_mm_buffers(problem, buffers, sm_count, ENTRY)
+    validate_mm_buffers(problem, buffers, sm_count, ENTRY, spans=spans)
     lib = library()
     config = profile.runtime_config()
     if config.zero_workspace:
@@ -161,11 +201,12 @@ def linear(
         with profile.timed(lib, handle, "ws_zero", config):
             code = lib.ferrum_marlin_memset_async(buffers.workspace, 0, buffers.workspace_bytes, handle)
             lib.check("ferrum_marlin_memset_async", code)
-    profile.trace_shape(
-        config, entry=ENTRY, m=m, n=weight.n, k=weight.k, gs=weight.group_size, lda=lda,
-        a_type=weight.a_type.name, b_type=weight.b_type.name, flags=f"{problem.flags:#x}",
-        a_ptr=buffers.a, b_ptr=buffers.b, c_ptr=buffers.c, s_ptr=buffers.b_scales, ws_ptr=buffers.workspace,
-    )
+    if config.trace_shapes:  # its fields are built only when they are printed
+        profile.trace_shape(
+            config, entry=ENTRY, m=m, n=weight.n, k=weight.k, gs=weight.group_size, lda=lda,
+            a_type=weight.a_type.name, b_type=weight.b_type.name, flags=f"{problem.flags:#x}",
+            a_ptr=buffers.a, b_ptr=buffers.b, c_ptr=buffers.c, s_ptr=buffers.b_scales, ws_ptr=buffers.workspace,
+        )
     with profile.timed(lib, handle, "kernel", config):
         call_marlin_mm(problem, buffers, device, handle, ENTRY)
     return out

@@ -11,6 +11,7 @@ and calls the library; a failure status becomes a
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from typing import Mapping
 
@@ -75,12 +76,27 @@ def _pointer(value: int) -> int | None:
     return int(value) or None
 
 
-def build_launch(problem: MmProblem, buffers: MmBuffers, device: int, stream: int) -> FerrumMarlinLaunch:
-    """The struct for an already validated launch."""
-    p, b = problem, buffers
+@functools.lru_cache(maxsize=256)
+def _problem_struct(problem: MmProblem, device: int) -> FerrumMarlinLaunch:
+    """The struct's version, problem and execution fields; a launch copies it
+    and adds its pointers and stream. Keyed by value: only validated problems
+    (plain integers in every field) reach it."""
+    p = problem
     launch = FerrumMarlinLaunch()
     launch.abi_version = FERRUM_MM_LAUNCH_VERSION
     launch.struct_size = ctypes.sizeof(FerrumMarlinLaunch)
+    for name in ("m", "n", "k", "lda", "num_groups", "group_size", "a_type", "b_type", "sms",
+                 "thread_k", "thread_n"):
+        setattr(launch, name, int(getattr(p, name)))
+    launch.flags = int(p.flags)
+    launch.device = int(device)
+    return launch
+
+
+def build_launch(problem: MmProblem, buffers: MmBuffers, device: int, stream: int) -> FerrumMarlinLaunch:
+    """The struct for an already validated launch."""
+    b = buffers
+    launch = FerrumMarlinLaunch.from_buffer_copy(_problem_struct(problem, int(device)))
     for name in ("a", "b", "c", "c_tmp", "b_scales", "zero_points", "a_tmp", "workspace", "a_scales", "bias"):
         setattr(launch, name, _pointer(getattr(b, name)))
     for name in ("g_idx", "perm"):  # typed const int* in the header
@@ -89,11 +105,6 @@ def build_launch(problem: MmProblem, buffers: MmBuffers, device: int, stream: in
     launch.workspace_bytes = int(b.workspace_bytes)
     launch.c_tmp_bytes = int(b.c_tmp_bytes)
     launch.a_tmp_bytes = int(b.a_tmp_bytes)
-    for name in ("m", "n", "k", "lda", "num_groups", "group_size", "a_type", "b_type", "sms",
-                 "thread_k", "thread_n"):
-        setattr(launch, name, int(getattr(p, name)))
-    launch.flags = int(p.flags)
-    launch.device = int(device)
     launch.stream = _pointer(stream)
     return launch
 
@@ -104,7 +115,8 @@ def call_marlin_mm(problem: MmProblem, buffers: MmBuffers, device: int, stream: 
     launch = build_launch(problem, buffers, device, stream)
     lib = library()
     code = lib.ferrum_marlin_mm(ctypes.byref(launch))
-    lib.check(entry, code, problem.shape)
+    if code:  # the shape report is built only for a failure
+        lib.check(entry, code, problem.shape)
 
 
 def launch_marlin_mm(

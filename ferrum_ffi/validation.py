@@ -9,6 +9,7 @@ argument and the rule. The native side checks the same rules again.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -524,11 +525,13 @@ def _present_exactly_when(entry: str, name: str, ptr: int, needed: bool, why: st
         fail(f"{entry}: {name} pointer must be null unless {why}")
 
 
-def validate_mm_buffers(problem: MmProblem, buffers: MmBuffers, sms: int, entry: str = MM_ENTRY) -> None:
+def validate_mm_buffers(problem: MmProblem, buffers: MmBuffers, sms: int, entry: str = MM_ENTRY, *,
+                        spans: Mapping[str, int] | None = None) -> None:
     """The pointer rules of ``ferrum_marlin_mm`` for a problem that passed
     :func:`validate_mm`: which pointers must be set or null, their alignment,
     and the declared capacities of workspace, c_tmp and a_tmp for ``sms``
-    multiprocessors (``problem.sms`` resolved)."""
+    multiprocessors (``problem.sms`` resolved). ``spans``: ``mm_spans(problem,
+    sms)`` when the caller has it already."""
     p, bufs = problem, buffers
     for name, _ in _MM_POINTER_ALIGNMENT + (("a_scales", 1),):
         value = getattr(bufs, name)
@@ -556,7 +559,8 @@ def validate_mm_buffers(problem: MmProblem, buffers: MmBuffers, sms: int, entry:
             fail(f"{entry}: {name} pointer {ptr:#x} must be {alignment}-byte aligned")
     check_int(entry, "sms (resolved)", sms)
     check_positive(entry, "sms (resolved)", sms)
-    spans = mm_spans(p, sms, entry)
+    if spans is None:
+        spans = mm_spans(p, sms, entry)
     check_span(entry, "workspace (workspace_bytes)", bufs.workspace_bytes, spans["workspace"])
     if act_order:
         check_span(entry, "a_tmp (a_tmp_bytes)", bufs.a_tmp_bytes, spans["a_tmp"])

@@ -10,6 +10,7 @@ result; :func:`ferrum_ffi.linear` runs it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -43,6 +44,11 @@ ENTRY = "MarlinLinearWeight"
 
 def _optional_host(value: Any, name: str) -> np.ndarray | None:
     return None if value is None else host_array(value, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _activation_type(dtype: np.dtype) -> ActivationType:
+    return ActivationType.BF16 if is_bfloat16(dtype) else ActivationType.F16
 
 
 @dataclass
@@ -80,6 +86,8 @@ class MarlinLinearWeight:
     _views: dict[str, DeviceArray] = field(init=False, repr=False, compare=False)
     _device: int = field(init=False, repr=False, compare=False)
     _shard_groups: int = field(init=False, default=0, repr=False, compare=False)
+    # linear()'s checked launch plans by call shape (general_gemm._plan).
+    _plans: dict = field(init=False, default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("k", "n", "group_size"):
@@ -145,7 +153,7 @@ class MarlinLinearWeight:
     @property
     def a_type(self) -> ActivationType:
         """The ABI id of ``dtype``."""
-        return ActivationType.BF16 if is_bfloat16(self.dtype) else ActivationType.F16
+        return _activation_type(np.dtype(self.dtype))
 
     @property
     def flags(self) -> int:

@@ -238,6 +238,28 @@ def test_call_options(lib):
     assert lib.launches == []
 
 
+def test_a_kept_plan_still_checks_every_call(lib):
+    # The first call of a shape keeps its checked plan on the weight; later
+    # calls of that shape still check their arrays and tuning arguments.
+    w = weight()
+    ff.linear(x16(4), w, sms=1)
+    assert list(w._plans) == [(4, K, False, 1, -1, -1)]
+    rejects(r"x pointer 0x[0-9a-f]+ must be 16-byte aligned", x=x16(4, ptr=0x10008), weight=w, sms=1)
+    rejects(r"linear: sms must be an integer", ArgumentTypeError, weight=w, sms=True)
+    rejects(r"linear: sms must be an integer", ArgumentTypeError, weight=w, sms=1.0)
+    ff.linear(x16(4), w, sms=np.int64(1))  # checked, not kept: equal to 1 as a key only
+    assert list(w._plans) == [(4, K, False, 1, -1, -1)] and len(lib.launches) == 2
+    assert lib.launches[0]["sms"] == lib.launches[1]["sms"] == 1
+
+
+def test_kept_plans_are_bounded(lib):
+    w = weight()
+    for m in range(1, 100):
+        ff.linear(x16(m), w)
+    assert 0 < len(w._plans) <= 64
+    assert [f["m"] for f in lib.launches] == list(range(1, 100))
+
+
 def test_x_on_another_device_is_rejected(lib, monkeypatch):
     from ferrum_ffi import general_gemm
 
