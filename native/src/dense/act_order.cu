@@ -1,3 +1,4 @@
+#include <limits.h>
 #include <stdint.h>
 
 #include "act_order.h"
@@ -140,7 +141,9 @@ cudaError_t gather_columns(const void* a, int lda, const int* perm, void* a_tmp,
                            cudaStream_t stream) {
   if (k % kColumnsPerThread != 0) return cudaErrorInvalidValue;  // the GEMM needs k % 128 == 0 anyway
   const size_t row_bytes = static_cast<size_t>(k < lda ? k : lda) * 2;
+  // The staged kernel's row index r + 2 * gridDim.x (gridDim.x <= sms) is an int.
   if ((m >= kStagedMinRows || (m >= kStagedMinRowsLong && row_bytes >= kStagedLongRowBytes)) &&
+      m <= INT_MAX - 2 * sms &&
       row_bytes <= kStagedMaxRowBytes && row_bytes <= static_cast<size_t>(max_smem) &&
       reinterpret_cast<uintptr_t>(perm) % 16 == 0) {
     // One block per SM (1024 threads of up to 64 registers). Parts: as few as
