@@ -135,10 +135,17 @@ def _top_module(obj: object) -> str:
     return module.split(".", 1)[0]
 
 
+_library_by_type: dict[tuple[type, str], str] = {}
+
+
 def _detect_library(obj: object, fallback: str) -> str:
     if isinstance(obj, Bfloat16Array):
         obj = obj.base  # the view's storage decides streams and allocations
-    return _LIBRARY_BY_TOP_MODULE.get(_top_module(obj), fallback)
+    key = (type(obj), fallback)
+    library = _library_by_type.get(key)
+    if library is None:
+        library = _library_by_type[key] = _LIBRARY_BY_TOP_MODULE.get(_top_module(obj), fallback)
+    return library
 
 
 def _as_int(value: object) -> int | None:
@@ -146,6 +153,8 @@ def _as_int(value: object) -> int | None:
 
     ``bool`` is rejected on purpose: ``True`` is not a pointer or an extent.
     """
+    if type(value) is int:
+        return value
     if isinstance(value, (bool, np.bool_)):
         return None
     try:
@@ -161,10 +170,18 @@ def _as_int(value: object) -> int | None:
 _MISSING = object()
 
 
+# typestr -> dtype for the typestrs that passed every check below (parsing
+# one costs more than the rest of a small array's checks).
+_checked_dtypes: dict[str, np.dtype] = {}
+
+
 def _cai_is_opaque(cai: object) -> bool:
     """True when the CAI describes an opaque void element type (e.g. '<V2')."""
     if not isinstance(cai, dict) or not isinstance(cai.get("typestr"), str):
         return False
+    dtype = _checked_dtypes.get(cai["typestr"])
+    if dtype is not None:
+        return dtype.kind == "V"
     try:
         return np.dtype(cai["typestr"]).kind == "V"
     except (TypeError, ValueError):
@@ -215,21 +232,25 @@ def _from_cai(obj: object, cai: object, name: str, declared: np.dtype | None = N
         raise ArgumentError(
             f"{name}: __cuda_array_interface__ 'typestr' must be a str, got {typestr!r}"
         )
-    try:
-        dtype = np.dtype(typestr)
-    except (TypeError, ValueError) as exc:
-        raise ArgumentError(
-            f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is not a known dtype"
-        ) from exc
-    if dtype.hasobject:
-        raise ArgumentError(
-            f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is an object dtype, "
-            f"which cannot live on a device"
-        )
-    if not dtype.isnative:
-        raise ArgumentError(
-            f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is not in native byte order"
-        )
+    dtype = _checked_dtypes.get(typestr)
+    if dtype is None:
+        try:
+            dtype = np.dtype(typestr)
+        except (TypeError, ValueError) as exc:
+            raise ArgumentError(
+                f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is not a known dtype"
+            ) from exc
+        if dtype.hasobject:
+            raise ArgumentError(
+                f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is an object dtype, "
+                f"which cannot live on a device"
+            )
+        if not dtype.isnative:
+            raise ArgumentError(
+                f"{name}: __cuda_array_interface__ 'typestr' {typestr!r} is not in native byte order"
+            )
+        if len(_checked_dtypes) < 256:  # typestrs are few; a stream of odd ones is not kept
+            _checked_dtypes[typestr] = dtype
     if dtype.kind == "V" and declared is not None and dtype.itemsize == declared.itemsize:
         dtype = declared
     elif dtype.kind == "V":
