@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import sys
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_host.py"
+from .script_modules import script_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_host_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with script_module("bench_host.py") as module:
+        yield module
 
 
 class FakeCupy:
@@ -35,15 +32,6 @@ def test_per_call_time_counts_every_call(bench):
 
 
 def test_without_a_gpu_it_says_so(bench, capsys, monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_cupy(name, *args, **kwargs):
-        if name == "cupy":
-            raise ImportError("No module named 'cupy'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_cupy)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
     assert bench.main([]) == 0
     assert "needs CuPy and a CUDA device" in capsys.readouterr().out

@@ -4,24 +4,20 @@ without a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ferrum_ffi.formats import prepare_gptq
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_kshard.py"
+from .script_modules import script_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_kshard_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with script_module("bench_kshard.py") as module:
+        yield module
 
 
 def test_cases_parse_and_refuse_shards_of_partial_words(bench):

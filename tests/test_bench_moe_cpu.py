@@ -5,11 +5,9 @@ planner, the table, and the command line up to the point where it needs a GPU.""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,19 +15,15 @@ import pytest
 
 from ferrum_ffi.moe_weights import MarlinMoeWeight
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_moe.py"
+from .script_modules import SCRIPTS, script_module
+
+SCRIPT = SCRIPTS / "bench_moe.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_moe_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with script_module("bench_moe.py") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_the_layers_are_the_models_shapes(bench):

@@ -4,28 +4,21 @@ hand-computed timelines."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from .script_modules import script_module
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "timeline_probe.py"
 HEADER = ROOT / "native" / "src" / "core" / "timeline_probe.cuh"
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("timeline_probe_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with script_module("timeline_probe.py") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def line(block, units, stamps_us, waited_us=0.0, n=1536, k=2048):
