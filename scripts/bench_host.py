@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200, help="calls per round (below the launch queue's depth)")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of linear f16 u4b8")
+    parser.add_argument("--profile", nargs="?", const="linear f16 u4b8", metavar="CALL",
+                        help="print a cProfile of the call whose name starts with CALL (default: linear f16 u4b8)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -120,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"call": name, "host_us_per_call": us})
         print(f"{name:40s} {us:8.2f} us per call")
     if args.profile:
-        print(profile_text(table["linear f16 u4b8"], 2000))
+        name = next((name for name in table if name.startswith(args.profile)), None)
+        if name is None:
+            parser.error(f"--profile: no call starts with {args.profile!r} ({', '.join(table)})")
+        print(name)
+        print(profile_text(table[name], 2000))
     if args.json:
         args.json.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                                          "results": rows}, indent=1))
