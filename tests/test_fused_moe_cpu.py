@@ -902,3 +902,21 @@ def test_a_warm_call_checks_an_allocated_out_as_the_launchers_do(lib, monkeypatc
     with pytest.raises(ArgumentError, match="launch_marlin_moe: clear is read-only"):
         ff.fused_moe(**inputs())
     assert lib.calls == []
+
+
+def test_plan_steps_keep_their_arguments_as_the_declared_ctypes_types():
+    # A kept plan's constant arguments are converted once (a replay converts
+    # only the caller's pointers it fills in); what does not declare types,
+    # or does not convert, is kept as given.
+    import ctypes
+
+    declared = SimpleNamespace(argtypes=[ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p])
+    args = layer._declared_args(declared, (0x7F00_0000_1000, -7, 1.5, None))
+    assert [type(a) for a in args] == [ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p]
+    assert (args[0].value, args[1].value, args[2].value, args[3].value) == (0x7F00_0000_1000, -7, 1.5, None)
+    assert layer._declared_args(SimpleNamespace(), (1, 2)) == (1, 2)
+    assert layer._declared_args(declared, (1, 2)) == (1, 2)  # not the declared count
+    assert layer._declared_args(declared, (1, "x", 1.5, None)) == (1, "x", 1.5, None)
+    libc_abs = ctypes.CDLL(None).abs
+    libc_abs.argtypes, libc_abs.restype = [ctypes.c_int], ctypes.c_int
+    assert libc_abs(*layer._declared_args(libc_abs, (-5,))) == 5

@@ -292,6 +292,47 @@ def test_cai_numpy_ints_in_fields_accepted():
     assert type(a.shape[0]) is int and type(a.ptr) is int
 
 
+PLAIN_CAIS = [
+    dict(shape=(2, 3), typestr="<f2", stream=1),
+    dict(shape=(4,), typestr="<i4", stream=None, data=(PTR, True)),
+    dict(shape=(3, 5), typestr="<f4", strides=(40, 4), stream=2),
+    dict(shape=(0, 7), typestr="<u1", version=2),
+]
+
+
+@pytest.mark.parametrize("fields", PLAIN_CAIS)
+def test_cai_plain_fast_path_matches_the_general_parse(fields):
+    # The plain interface (exact ints, tuples, bools; a typestr seen before)
+    # takes a fast path: the record must be the general parse's, field by field.
+    obj = with_module(FakeCAI, "cupy._core.core")(**cai(**fields))
+    general = _interop._from_cai(obj, obj.__cuda_array_interface__, "a")  # also marks the typestr as checked
+    fast = _interop._plain_cai_array(obj, obj.__cuda_array_interface__)
+    assert fast is not None
+    assert fast == general and fast.owner is general.owner and fast.library == general.library == "cupy"
+    assert as_device_array(obj, "a") == general
+
+
+@pytest.mark.parametrize("fields", [
+    dict(shape=[2, 3]), dict(shape=(np.int64(2), 3)), dict(version=np.int32(3)), dict(data=(PTR, np.bool_(False))),
+    dict(strides=[12, 4]), dict(data=(0, False), shape=(0,)), dict(typestr="<V2"),
+])
+def test_cai_other_forms_take_the_general_parse(fields):
+    # Lists, NumPy scalars, a NULL pointer, opaque types: the fast path declines
+    # (the general parse accepts or rejects them with its messages).
+    obj = FakeCAI(**cai(**fields))
+    _interop._from_cai(obj, cai(shape=(1,)), "warm-up")  # '<f4' is a checked typestr
+    assert _interop._plain_cai_array(obj, obj.__cuda_array_interface__) is None
+
+
+@pytest.mark.parametrize("fields", [dict(shape=(True, 2)), dict(stream=0), dict(stream=-3), dict(version=1),
+                                    dict(mask=(PTR, False)), dict(strides=(4, 4))])
+def test_cai_invalid_plain_looking_forms_still_rejected(fields):
+    obj = FakeCAI(**cai(**fields))
+    _interop._from_cai(obj, cai(shape=(1,)), "warm-up")
+    with pytest.raises(ArgumentError):
+        as_device_array(obj, "a")
+
+
 def test_cai_mask_rejected():
     with pytest.raises(ArgumentError, match="a: masked arrays are not supported"):
         as_device_array(make_cai(mask=FakeCAI()), "a")
