@@ -535,11 +535,13 @@ def validate_mm_buffers(problem: MmProblem, buffers: MmBuffers, sms: int, entry:
     p, bufs = problem, buffers
     for name, _ in _MM_POINTER_ALIGNMENT + (("a_scales", 1),):
         value = getattr(bufs, name)
+        if type(value) is int and 0 <= value < 2**64:
+            continue  # (the common case, tested first: a third of this function's time)
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**64:
             raise ArgumentTypeError(f"{entry}: {name} must be a device pointer (an int in 0..2**64-1), got {value!r}")
     for name in ("workspace_bytes", "a_tmp_bytes", "c_tmp_bytes"):
         value = getattr(bufs, name)
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if type(value) is not int and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
             raise ArgumentTypeError(f"{entry}: {name} must be an integer, got {type(value).__name__}")
         check_non_negative(entry, name, int(value))
     for name in ("a", "b", "c", "b_scales", "workspace"):
