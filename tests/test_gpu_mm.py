@@ -238,15 +238,16 @@ def test_tall_slabs_add_the_bias_once_per_shared_column(cp, b_type, dtype_name, 
 # 29568, GPT-OSS's 2880, vocabularies): on Hopper the warp-specialised tiles
 # leave their last column tile partial (one, two or three of its 64-column
 # chunks: 2880, 640, 192), and so does the 8-warp kernel's deep tile at
-# m <= 8 where n >= 2048, with bias and channelwise scales read for the
-# columns inside n only; k = 2048 shares every column between blocks.
+# m <= 8 where the columns past n are at most n / 8 (2880, 1472, 960), with
+# bias and channelwise scales read for the columns inside n only; k = 2048
+# shares every column between blocks.
 PARTIAL_TILE_TYPES = [("U4", 128, False), ("U4B8", -1, False), ("U4", 32, False), ("U4B8", 64, True),
                       ("U4", -1, False), ("U8B128", 128, False), ("FE4M3FN", -1, False)]
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("b_type, group_size, act_order", PARTIAL_TILE_TYPES)
-@pytest.mark.parametrize("n", [192, 640, 2880])
+@pytest.mark.parametrize("n", [192, 640, 960, 1472, 2880])
 def test_partial_last_column_tile(cp, b_type, group_size, act_order, dtype_name, n):
     weight = make_weight(b_type, DTYPES[dtype_name], group_size, act_order, k=2048, n=n, seed=n)
     bias = np.random.default_rng(n).standard_normal(n).astype(np.float32).astype(weight.dtype)

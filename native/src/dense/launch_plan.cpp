@@ -164,11 +164,13 @@ NConfig auto_config(int m, int n, int k, int group_size, int sms, AType a, WType
   // up to 2.6 %). 8-bit weights there too (FP8 1-8 %, fp16 INT8 1-5 %), but
   // not bf16 INT8: its two images per code fill the deep tile's registers
   // (2.8 % slower on 8192 x 28672).
-  // n: whole 256-column tiles, or on Hopper a partial last one where it wastes
-  // at most 1/8 of the work (H200, W4A16 m = 1 against 128- or 64-column
-  // tiles: 8192 x 29568 45.5 -> 42.1 us, 3584 x 151936 94.3 -> 82.2, 4096 x
-  // 2880 11.7 -> 10.0).
-  const bool divides = m8 <= kDeepTileMaxM8 && (n % 256 == 0 || (hopper && n >= 2048)) && k % 128 == 0;
+  // n: whole 256-column tiles, or on Hopper a partial last one where the
+  // columns it computes past n are at most n / 8 (H200, W4A16 m = 1 against
+  // 128- or 64-column tiles: 8192 x 29568 45.5 -> 42.1 us, 3584 x 151936
+  // 94.3 -> 82.2, 4096 x 2880 11.7 -> 10.0).
+  const int deep_waste = (n + 255) / 256 * 256 - n;
+  const bool deep_n = n % 256 == 0 || (hopper && n % 64 == 0 && deep_waste * 8 <= n);
+  const bool divides = m8 <= kDeepTileMaxM8 && deep_n && k % 128 == 0;
   const bool two_images = a == AType::BF16 && w == WType::U8B128;
   if (divides && hopper && m8 == 1 && !two_images) return NConfig::N256_K128;
   if (divides && bits == 4 && static_cast<int64_t>(n / 256) * (k / 128) >= static_cast<int64_t>(16) * sms)
