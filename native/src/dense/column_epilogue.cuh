@@ -228,14 +228,16 @@ struct ColumnEpilogue {
   __device__ static void reduce_and_store(const Args& p, float* sh_red, int& sh_last, int tid, Sync sync,
                                           int used_ids, int slab, long long e, int c, int col, int range,
                                           int iters, int k_tiles, int part = 0) {
-    const Share sh = share_of(p, e, c, col, range, iters, k_tiles, part);
     if (routed_by_ids(R) && p.add_rows_div > 0) {
       // C was zeroed by an earlier kernel: every contributor adds, none waits;
-      // the bias comes with the part that is ready first.
-      store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, true, !sh.adds());
+      // the bias comes with the part that is ready first: share_of's order 0,
+      // the stripe holding the column's last unit (no divisions on this path).
+      const bool ready_first = static_cast<long long>(col + 1) * k_tiles <= static_cast<long long>(range + 1) * iters;
+      store_rows(p, sh_red, tid, used_ids, slab, e, Parts * c + part, true, ready_first);
       sync();  // sh_red is refilled next
       return;
     }
+    const Share sh = share_of(p, e, c, col, range, iters, k_tiles, part);
     const int r_lo = sh.r_lo, r_hi = sh.r_hi, contributors = sh.contributors;
     int* const lock = sh.lock;
     const bool shared_column = sh.shared();

@@ -38,8 +38,9 @@ cudaError_t launch_resident(int threads, size_t smem_bytes, int max_blocks, int 
     if (dev >= 0 && dev < kMaxDevices) resident[dev] = blocks;
   }
   int grid = launch.sms * blocks;
-  // Sorted and Direct launches split their work on the device (stripes_of).
-  if constexpr (!routed_by_ids(R)) {
+  // Sorted launches split their work on the device (stripes_of): their slab
+  // count is the previous kernel's output.
+  if constexpr (R != Route::Sorted) {
     const int n_tiles = (args.n + n_tile - 1) / n_tile;  // as the kernel counts them
     const int k_tiles = (args.k + k_tile - 1) / k_tile;
     const int total = args.slabs * n_tiles * k_tiles;

@@ -2,8 +2,8 @@
 // units are (slab, column tile, k tile), numbered slab-major, and block
 // `range` (counted from the grid's end) takes `count` of them from `u_begin`.
 // Sorted (fused-MoE) launches learn their slab count on the device (no host
-// sync): every block derives the same split from it. Direct launches take it
-// from the routed rows, the same way.
+// sync): every block derives the same split from it. Direct launches (one
+// routed row a slab) are split on the host, as dense ones.
 #pragma once
 
 #include "../core/ptx.cuh"
@@ -61,22 +61,20 @@ __device__ __forceinline__ bool stripes_of(const Args& p, int m_rows, int n_tile
       ptx::enter_chain();  // the routing is the previous kernel's output
       clear_share(p);      // before any early exit: the clear does not depend on the routing
     }
-    if constexpr (R == Route::Direct) {
-      s.slabs = p.route.rows;  // known on the host: no routing read before the experts
-    } else {
+    // Direct launches (slabs: the routed rows) were split on the host.
+    if constexpr (R == Route::Sorted) {
       s.used_ids = max(__ldg(p.route.used_ids), 0);
       s.slabs = (s.used_ids + m_rows - 1) / m_rows;
+      const long long units = static_cast<long long>(s.slabs) * n_tiles * k_tiles;
+      // (More than 2^31 units: a routing count past the host's bound, which the
+      // 32-bit split cannot hold; nothing is run rather than out of bounds.)
+      if (units == 0 || units > INT32_MAX) {
+        // No block waits later: the launch must still end after the previous kernel.
+        if (p.routing_settled) ptx::griddep_wait();
+        return false;
+      }
+      s.iters = static_cast<int>((units + gridDim.x - 1) / gridDim.x);
     }
-    const long long units = static_cast<long long>(s.slabs) * n_tiles * k_tiles;
-    // (More than 2^31 units: a routing count past the host's bound, which the
-    // 32-bit split cannot hold; nothing is run rather than out of bounds.)
-    if (units == 0 || units > INT32_MAX) {
-      // No block waits later: the launch must still end after the previous kernel.
-      // (Direct launches always hold rows: a settled one clears at its end.)
-      if (p.routing_settled) ptx::griddep_wait();
-      return false;
-    }
-    s.iters = static_cast<int>((units + gridDim.x - 1) / gridDim.x);
   }
   s.total = s.slabs * n_tiles * k_tiles;
   s.range = gridDim.x - 1 - blockIdx.x;

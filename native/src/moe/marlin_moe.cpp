@@ -248,6 +248,9 @@ int run(const MoeCall& m) {
   r.used_ids = m.num_tokens_past_padded;
   r.row_weights = m.mul_topk_weights != 0 ? m.topk_weights : nullptr;
   r.rows = m.prob_m * m.top_k;
+  // A direct launch's slabs are its routed rows, known here: the host splits
+  // its work (launch_resident), so its blocks start without that arithmetic.
+  if (m.direct()) args.slabs = r.rows;
   r.top_k = m.top_k;
   r.b_expert_int4 = static_cast<long long>(k / 16) * args.b_row_int4;
   r.s_expert_bytes = groups * n * scale_bytes;
