@@ -692,10 +692,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // ---- end of a column: block reduction, then the global one ---------------
   using Epilogue = ColumnEpilogue<T::m_rows, T::n_tile, kThreads, F, R>;
   static_assert(Epilogue::kRedStride == T::red_stride, "one reduction tile layout");
-  auto finish_column = [&](int u, bool dead) {
-    const int col = u / k_tiles;
-    const int slab = col / n_tiles;
-    const int c = col - slab * n_tiles;
+  auto finish_column = [&](int slab, int c, bool dead) {
+    const int col = slab * n_tiles + c;
     const long long e = dead ? 0 : expert_of(slab);  // a slab past the routed ones has no expert to read
 
     // Accumulator (t, j, e) of lane (g, q) is C^T[n = 16t + g + 8(e/2)][m = 8j + 2q + e%2].
@@ -742,14 +740,27 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     else ptx::griddep_wait();
   }
   FERRUM_TIMELINE(timeline.stamp(probe::kSought);)
-#pragma unroll
+  // Rolled: each warp runs these copies once, from a cold instruction cache
+  // (unrolled, they were a quarter of the kernel's code). Not in 64-row slabs:
+  // there ptxas 13.0 folds the rolled loop's uniform stage offset into INT4
+  // weight copies that carry a cache policy, and the two uniform operands share
+  // one field (an illegal instruction on the H200; scripts/check_sass.py).
+#pragma unroll(T::m8 == 8 ? T::stages - 1 : 1)
   for (int i = 0; i < T::stages - 1; ++i) {
     if (i < count) load_stage(i);
     ptx::cp_async_commit();
   }
   FERRUM_TIMELINE(timeline.stamp(probe::kIssued);)
   zero_acc();
-  int c_kt = u_begin % k_tiles;  // k tile of the unit being computed
+  // The unit being computed: its slab, column tile and k tile, counted
+  // along (no divisions per column).
+  int c_slab, c_c, c_kt;
+  {
+    const int col = u_begin / k_tiles;
+    c_kt = u_begin - col * k_tiles;
+    c_slab = col / n_tiles;
+    c_c = col - c_slab * n_tiles;
+  }
   bool c_dead = false;           // its slab is skipped (routed launches)
   // This warp's chunk lies past N in the unit's column tile (routed launches'
   // partial last tile: zero-filled weights whose columns are never stored), so
@@ -773,20 +784,26 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
     fetch_slot = fetch_slot == T::stages - 1 ? 0 : fetch_slot + 1;
     if constexpr (R != Route::Dense) {
       if (c_kt == 0 || i == 0) {
-        const int col = (u_begin + i) / k_tiles;
-        const int slab = col / n_tiles;
-        c_dead = routed_by_ids(R) ? slab >= slabs || expert_of(slab) < 0 : slab_dead(slab);
-        if constexpr (!T::wgmma) c_idle = (col - slab * n_tiles) * T::n_chunks + warp_n >= p.n / 64;
+        c_dead = routed_by_ids(R) ? c_slab >= slabs || expert_of(c_slab) < 0 : slab_dead(c_slab);
+        if constexpr (!T::wgmma) c_idle = c_c * T::n_chunks + warp_n >= p.n / 64;
       }
     }
     if constexpr (kRowGroups) {
-      if (c_kt == 0 || i == 0) c_col = (u_begin + i) / k_tiles % n_tiles;
+      if (c_kt == 0 || i == 0) c_col = c_c;
     }
     if (!c_dead && !c_idle) compute_stage(slot, c_col);
     slot = slot == T::stages - 1 ? 0 : slot + 1;
     FERRUM_TIMELINE(if (i == count - 1) timeline.stamp(probe::kComputed);)
-    if (c_kt == k_tiles - 1 || i == count - 1) finish_column(u_begin + i, c_dead);
-    c_kt = c_kt == k_tiles - 1 ? 0 : c_kt + 1;
+    if (c_kt == k_tiles - 1 || i == count - 1) finish_column(c_slab, c_c, c_dead);
+    if (c_kt == k_tiles - 1) {
+      c_kt = 0;
+      if (++c_c == n_tiles) {
+        c_c = 0;
+        ++c_slab;
+      }
+    } else {
+      ++c_kt;
+    }
   }
   ptx::cp_async_wait<0>();
   // A settled direct launch clears last, long after its wait: the main loop's
