@@ -767,7 +767,6 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // the warp leaves its accumulators at zero and the SM's issue slots to the
   // others. wgmma tiles multiply per warpgroup and divide N anyway.
   bool c_idle = false;
-  [[maybe_unused]] int c_col = 0;  // its column tile (row groups only)
   int slot = 0;
   int fetch_slot = T::stages - 1;
 #pragma unroll 1
@@ -788,10 +787,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         if constexpr (!T::wgmma) c_idle = c_c * T::n_chunks + warp_n >= p.n / 64;
       }
     }
-    if constexpr (kRowGroups) {
-      if (c_kt == 0 || i == 0) c_col = c_c;
-    }
-    if (!c_dead && !c_idle) compute_stage(slot, c_col);
+    if (!c_dead && !c_idle) compute_stage(slot, c_c);
     slot = slot == T::stages - 1 ? 0 : slot + 1;
     FERRUM_TIMELINE(if (i == count - 1) timeline.stamp(probe::kComputed);)
     if (c_kt == k_tiles - 1 || i == count - 1) finish_column(c_slab, c_c, c_dead);

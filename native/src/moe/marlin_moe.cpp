@@ -166,8 +166,22 @@ int check_call(const MoeCall& m) {
   return check_layer_extras(m);
 }
 
-// Routed rows (prob_m * top_k) up to which a layer launch takes the 64-deep tile.
-constexpr int64_t kFewRows = 8;
+// Whether a layer launch of `rows` routed rows (prob_m * top_k, added into a
+// zeroed C) takes the 64-deep 256-column tile instead of the 128-deep one:
+// twice as many, smaller units, for a decode step whose little work the
+// 128-deep tiles would spread unevenly over the blocks. Measured on whole
+// layers (H200, fused_moe, session 37, µs): at 4 rows 64-deep wins (GPT-OSS-
+// like M = 1 36.9 -> 35.3); at 8 rows 128-deep wins (Qwen-like M = 1 19.9 ->
+// 19.4, GPT-OSS-like M = 2 56.3 -> 55.3) except where its units would be fewer
+// than two per SM (the Qwen-like FP8 TP-4 shard's gate/up, n = 384: 256 units
+// on 132 SMs; 15.5 -> 15.8 with 128-deep); from 16 rows 128-deep everywhere.
+bool decode_step_takes_k64(int64_t rows, int n, int k, int sms) {
+  constexpr int64_t kFewRows = 4, kFewRowsOrSparse = 8;
+  if (rows <= kFewRows) return true;
+  if (rows > kFewRowsOrSparse) return false;
+  const int64_t deep_units = rows * ((n + 255) / 256) * ((k + 127) / 128);
+  return deep_units < 2ll * sms;
+}
 
 // FERRUM_VLLM_MOE_THREAD_K / _THREAD_N, when both are set: the forced tile.
 // Returns 1 when a tile is forced, 0 when not, a status when it is illegal.
@@ -199,11 +213,9 @@ int run(const MoeCall& m) {
   // n, k multiples of 64: always a tile.
   if (!forced) {
     routed_auto_config(m8, m.prob_n, m.prob_k, facts.hopper, &nc);
-    // A decode step's few rows added into a zeroed C: the 64-deep tile's twice as
-    // many units spread the little work more evenly over the blocks (H200, M = 1:
-    // down projections 5-9 % faster, gate/up level; at 16 rows it loses).
     const int64_t rows = static_cast<int64_t>(m.prob_m) * m.top_k;
-    if (m.add_rows_div > 0 && rows <= kFewRows && nc == NConfig::N256_K128) nc = NConfig::N256_K64;
+    if (m.add_rows_div > 0 && nc == NConfig::N256_K128 && decode_step_takes_k64(rows, m.prob_n, m.prob_k, facts.sms))
+      nc = NConfig::N256_K64;
   }
   const TileInfo tile = routed_tile_info(m8, nc, bits);
   // The kernels count work units (slab, column tile, k tile) in 32 bits, and a
