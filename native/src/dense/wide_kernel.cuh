@@ -495,7 +495,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             // (columns past n, of a partial last tile, are never stored: read column n - 1)
-            const int n = min(c * W::n_tile + first + (lane >> 2) + 8 * hh, p.n - 1);
+            int n = c * W::n_tile + first + (lane >> 2) + 8 * hh;
+            if constexpr (W::partial_n) n = min(n, p.n - 1);
             if (!grouped) scale[hh] = Epilogue::channel_value(p.s, n, true);
             if (add_bias) bias[hh] = Epilogue::channel_value(p.bias, n, p.route.bias_p32);
           }
@@ -831,7 +832,7 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
     *stage = FERRUM_STAGE_KERNEL_LAUNCH;
     return cudaErrorInvalidValue;
   }
-  if constexpr (W::two_chunk_rows && W::serves_partial_n) {
+  if constexpr (W::serves_partial_n) {
     using Partial = WideTile<Tokens, F::bits, WholeSlots ? 3 : 2, RowGroups, false, true>;
     if (args.n % W::n_tile != 0) return launch_wide_instance<Partial, F, WholeSlots, TwoWindows>(args, launch, stage);
   }
