@@ -857,10 +857,8 @@ cudaError_t launch_wide_routed_tile(Args& args, const Launch& launch, int* stage
     *stage = FERRUM_STAGE_KERNEL_LAUNCH;
     return cudaErrorInvalidValue;
   }
-  if constexpr (W::two_chunk_rows) {
-    if (args.n % W::n_tile != 0)
-      return launch_wide_routed_instance<WideTile<Tokens, F::bits, 2, false, true, true>, F>(args, launch, stage);
-  }
+  if (args.n % W::n_tile != 0)
+    return launch_wide_routed_instance<WideTile<Tokens, F::bits, 2, false, true, true>, F>(args, launch, stage);
   return launch_wide_routed_instance<W, F>(args, launch, stage);
 }
 

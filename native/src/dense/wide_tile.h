@@ -18,8 +18,7 @@ constexpr size_t kWideSmemBudget = 227 * 1024;
 // its rows of the sorted g_idx and a window of scale rows from its first group.
 // Gather: routed (MoE) slabs, whose activation rows the copier gathers one
 // 16-byte copy at a time (the rows of a routing block are scattered over A).
-// PartialTile: the instance for a partial last column tile where stepping
-// back costs the copier work per slot (see partial_n).
+// PartialTile: the instance for a partial last column tile (see partial_n).
 template <int Tokens, int Bits, int Groups = 2, bool RowGroups = false, bool Gather = false,
           bool PartialTile = false>
 struct WideTile {
@@ -56,14 +55,13 @@ struct WideTile {
   // copy per producer (4-bit weights, 8-bit ones in 128-column tiles). In
   // 8-bit 256-column tiles a thread's copies lie in chunks tid / 64 and
   // tid / 64 + 2, two offsets, whose per-slot cost made whole tiles 1-3 %
-  // slower at m = 64 and 128 (H200). Dense launches take a PartialTile
-  // instance of their own for it, so that whole-tile layers run the kernel
-  // without any stepping back (H200: W4A16 m = 64 0.8-1.2 % slower with it);
-  // routed ones step back in the one instance where a k row is one copy.
-  // Those columns are never stored.
+  // slower at m = 64 and 128 (H200). Such n takes a PartialTile instance of
+  // its own, so that whole-tile layers run the kernel without any stepping
+  // back (H200: W4A16 m = 64 0.8-1.2 % slower with it). Those columns are
+  // never stored.
   static constexpr bool two_chunk_rows = n_chunks * 32 * b_words > producers;
-  static_assert(!PartialTile || ((two_chunk_rows || !Gather) && !RowGroups), "a partial instance of its own");
-  static constexpr bool partial_n = !RowGroups && (PartialTile || (Gather && !two_chunk_rows));  // this instance steps back
+  static_assert(!PartialTile || !RowGroups, "row groups: whole column tiles");
+  static constexpr bool partial_n = PartialTile;  // this instance steps back
   // Whether a launch may leave the last tile partial (on the PartialTile instance where it has one).
   static constexpr bool serves_partial_n = !RowGroups;
   static constexpr int groups = Groups;
@@ -75,7 +73,7 @@ struct WideTile {
   // released waits forever). The routed copier also holds its slab's
   // gathered rows and expert (at 40 it spilled), and in a partial 8-bit
   // tile the second step back (at 48 it spilled in its slot loop).
-  static constexpr int producer_regs = Gather ? (PartialTile ? 56 : 48) : 40;
+  static constexpr int producer_regs = Gather ? (PartialTile && two_chunk_rows ? 56 : 48) : 40;
   static constexpr int consumer_regs = Groups == 3 ? 152 : Gather ? 224 : 232;
   static constexpr int launch_regs = (65536 / (producers + consumers)) / 8 * 8;
   static_assert(producers * producer_regs + consumers * consumer_regs <= launch_regs * (producers + consumers),
