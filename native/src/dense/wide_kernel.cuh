@@ -841,7 +841,7 @@ cudaError_t launch_wide_kernel(Args& args, const Launch& launch, int* stage) {
 
 // Routed (fused-MoE) slabs of 32, 48 or 64 rows: dequantisation mode, rows
 // gathered. The slot depth must divide k; the last column tile may be
-// partial (n a multiple of 64; 8-bit weights on an instance of their own).
+// partial (n a multiple of 64; on the PartialTile instance).
 template <class W, class F>
 cudaError_t launch_wide_routed_instance(Args& args, const Launch& launch, int* stage) {
   return launch_resident<wide_kernel<W, F, false, false, Route::Sorted>, Route::Sorted>(

@@ -62,7 +62,7 @@ struct WideTile {
   static constexpr bool two_chunk_rows = n_chunks * 32 * b_words > producers;
   static_assert(!PartialTile || !RowGroups, "row groups: whole column tiles");
   static constexpr bool partial_n = PartialTile;  // this instance steps back
-  // Whether a launch may leave the last tile partial (on the PartialTile instance where it has one).
+  // Whether a launch may leave the last tile partial (on its PartialTile instance).
   static constexpr bool serves_partial_n = !RowGroups;
   static constexpr int groups = Groups;
   static constexpr int consumers = 128 * Groups;
