@@ -338,13 +338,23 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[h][j][e] = 0.f;
   };
+  // Dequantisation mode: the lane's byte offsets into a slot's weights, scale
+  // pairs and zero-point words, fixed for the kernel and kept opaque, so that
+  // a slot's reads cost one add to the slot's base (ptxas rebuilt them from
+  // the thread index after every slot's wait).
+  int b_lane = (chunk * 32 + lane) * W::b_words * 16 + tile0 * F::words * 4;
+  int s_lane = F::e8m0_scales ? chunk * 64 + (2 * (lane >> 2) + (tile0 >> 1)) * 4
+                              : (chunk * 8 + (lane >> 2)) * 16 + (kTiles == 2 ? (tile0 >> 1) * 8 : tile0 * 4);
+  int z_lane = chunk * 32 + (lane >> 2) * 4;
+  ptx::opaque(b_lane);
+  ptx::opaque(s_lane);
+  ptx::opaque(z_lane);
+  auto at = [](const int4* base, int bytes) { return reinterpret_cast<const char*>(base) + bytes; };
   // A lane's codes of one 16-deep step (its tiles' words), read for all steps
   // of a slot at once, so the shared-memory latency is paid once per slot.
   using StepWords = uint32_t[kTiles * F::words];
   auto read_words = [&](const int4* sb, int row, StepWords& w) {
-    const uint32_t* const src = reinterpret_cast<const uint32_t*>(sb + (row * W::n_chunks + chunk) * 32 * W::b_words +
-                                                                  lane * W::b_words) +
-                                tile0 * F::words;
+    const uint32_t* const src = reinterpret_cast<const uint32_t*>(at(sb, row * (W::n_chunks * 32 * W::b_words * 16) + b_lane));
     if constexpr (kTiles * F::words == 1) {
       w[0] = *src;
     } else if constexpr (kTiles * F::words == 2) {
@@ -370,25 +380,24 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   auto read_pairs = [&](const int4* ss, const int4* sz, int s_row, bool scaled) {
     GroupPairs g{};
     if constexpr (F::zero_points)
-      g.zero = reinterpret_cast<const uint32_t*>(sz + s_row * (W::n_chunks * 2) + chunk * 2)[lane >> 2];
+      g.zero = *reinterpret_cast<const uint32_t*>(at(sz, s_row * (W::n_chunks * 2 * 16) + z_lane));
     if constexpr (F::e8m0_scales) {
       // The lane's eight E8M0 bytes of the chunk (tiles 0..3), of which its
       // two tiles' four.
       static_assert(kTiles == 2, "E8M0 scales: two tiles per warp");
-      const uint32_t v = reinterpret_cast<const uint32_t*>(ss + s_row * (W::n_chunks * 4) + chunk * 4)[2 * (lane >> 2) +
-                                                                                                       (tile0 >> 1)];
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(at(ss, s_row * (W::n_chunks * 4 * 16) + s_lane));
       uint32_t sp[4];
       F::e8m0_pairs(v, 0u, sp);
       g.scales[0] = sp[0];
       g.scales[1] = sp[1];
     } else if (scaled) {
-      const int4* const pairs = ss + (s_row * (W::n_chunks * 8) + chunk * 8 + (lane >> 2));  // tiles 0..3
+      const char* const pairs = at(ss, s_row * (W::n_chunks * 8 * 16) + s_lane);  // this lane's tiles' pairs
       if constexpr (kTiles == 2) {
-        const uint2 v = reinterpret_cast<const uint2*>(pairs)[tile0 >> 1];
+        const uint2 v = *reinterpret_cast<const uint2*>(pairs);
         g.scales[0] = v.x;
         g.scales[1] = v.y;
       } else {
-        g.scales[0] = reinterpret_cast<const uint32_t*>(pairs)[tile0];
+        g.scales[0] = *reinterpret_cast<const uint32_t*>(pairs);
       }
     }
     return g;
