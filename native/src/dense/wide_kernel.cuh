@@ -342,8 +342,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   // scale pairs, fixed for the kernel and kept opaque, so that a slot's reads
   // cost one add to the slot's base (ptxas rebuilt them from the thread index
   // after every slot's wait). The zero-point word's offset stays a plain
-  // value: opaque too, it made fp16 INT4 with zero points 1.7-1.9 % slower
-  // at m = 64 and bf16 1.5 % less fast (H200).
+  // value: opaque too, it made INT4 with zero points 1.6-2.2 % slower at
+  // m = 64 than it is now (H200).
   int b_lane = (chunk * 32 + lane) * W::b_words * 16 + tile0 * F::words * 4;
   int s_lane = F::e8m0_scales ? chunk * 64 + (2 * (lane >> 2) + (tile0 >> 1)) * 4
                               : (chunk * 8 + (lane >> 2)) * 16 + (kTiles == 2 ? (tile0 >> 1) * 8 : tile0 * 4);
@@ -355,7 +355,8 @@ __global__ void __launch_bounds__(W::threads, 1) wide_kernel(const Args p, const
   // of a slot at once, so the shared-memory latency is paid once per slot.
   using StepWords = uint32_t[kTiles * F::words];
   auto read_words = [&](const int4* sb, int row, StepWords& w) {
-    const uint32_t* const src = reinterpret_cast<const uint32_t*>(at(sb, row * (W::n_chunks * 32 * W::b_words * 16) + b_lane));
+    const uint32_t* const src =
+        reinterpret_cast<const uint32_t*>(at(sb, row * (W::n_chunks * 32 * W::b_words * 16) + b_lane));
     if constexpr (kTiles * F::words == 1) {
       w[0] = *src;
     } else if constexpr (kTiles * F::words == 2) {
