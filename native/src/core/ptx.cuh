@@ -163,6 +163,14 @@ __device__ __forceinline__ void enter_chain() {
 // Makes x opaque to the compiler: a value computed once stays in a register
 // instead of being rebuilt from its inputs where it is used.
 __device__ __forceinline__ void opaque(int& x) { asm volatile("" : "+r"(x)); }
+// Opaque to ptxas too: the value comes back from a shuffle of the lane's own
+// copy, which ptxas cannot rebuild from the inputs (an empty asm hides x from
+// the front end only, and ptxas rematerialises cheap arithmetic under a tight
+// register cap). The whole warp must be converged.
+__device__ __forceinline__ void pinned(int& x) {
+  asm volatile("{\n .reg .u32 l;\n mov.u32 l, %%laneid;\n shfl.sync.idx.b32 %0, %0, l, 0x1f, 0xffffffff;\n}\n"
+               : "+r"(x));
+}
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }

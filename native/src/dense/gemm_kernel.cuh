@@ -444,9 +444,9 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // every stage (~15 integer instructions per warp and stage, on the pipe the
   // 8-row slabs are bound by).
   int b_lane = warp_n * kChunkInt4 + lane * T::b_words;
-  int s_lane = warp_n * 8 + (lane >> 2);
-  ptx::opaque(b_lane);
-  ptx::opaque(s_lane);
+  int s_lane = F::e8m0_scales ? warp_n * kSChunkInt4 * 2 + (lane >> 2) : warp_n * 8 + (lane >> 2);
+  ptx::pinned(b_lane);
+  ptx::pinned(s_lane);
   // The lane's weight words of one 16-deep k step of its chunk: tile t owns
   // words [t * F::words, (t + 1) * F::words).
   auto weight_words = [&](const int4* sb, int row, uint32_t (&w)[4 * F::words]) {
@@ -456,8 +456,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // s_row of the stage.
   auto scale_pairs = [&](const int4* ss, int s_row, uint32_t (&sp)[4]) {
     if constexpr (F::e8m0_scales) {
-      const uint2 sc = reinterpret_cast<const uint2*>(ss + s_row * (T::n_chunks * kSChunkInt4) +
-                                                      warp_n * kSChunkInt4)[lane >> 2];
+      // (s_lane counts 8-byte units here)
+      const uint2 sc = reinterpret_cast<const uint2*>(ss + s_row * (T::n_chunks * kSChunkInt4))[s_lane];
       F::e8m0_pairs(sc.x, sc.y, sp);
     } else {
       const int4 sc = ss[s_row * (T::n_chunks * 8) + s_lane];
@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   int image_a_base = 0;  // see b_lane
   if constexpr (kImages) {
     image_a_base = activation_base(G == Groups::StagedShort ? warp_k * T::rows_per_warp : warp_k);
-    ptx::opaque(image_a_base);
+    ptx::pinned(image_a_base);
   }
   // col: the column tile of the stage (row groups only).
   auto compute_stage = [&](int slot, [[maybe_unused]] int col) {
