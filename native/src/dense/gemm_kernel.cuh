@@ -438,11 +438,11 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
       }
     }
   };
-  // The lane's offsets in a stage's weights and group rows, and its activation
-  // base on the image path: fixed for the kernel and kept opaque, because under
-  // the 128-register cap ptxas otherwise rebuilds them from the thread index at
-  // every stage (~15 integer instructions per warp and stage, on the pipe the
-  // 8-row slabs are bound by).
+  // The lane's offsets in a stage's weights and group rows (s_lane: int4 scale
+  // units, 8-byte units for E8M0 scales), and its activation base on the image
+  // path: fixed for the kernel and pinned, because under the 128-register cap
+  // ptxas otherwise rebuilds them from the thread index at every stage (~15
+  // integer instructions per warp and stage; ptx::opaque did not stop it).
   int b_lane = warp_n * kChunkInt4 + lane * T::b_words;
   int s_lane = F::e8m0_scales ? warp_n * kSChunkInt4 * 2 + (lane >> 2) : warp_n * 8 + (lane >> 2);
   ptx::pinned(b_lane);
@@ -456,7 +456,6 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // s_row of the stage.
   auto scale_pairs = [&](const int4* ss, int s_row, uint32_t (&sp)[4]) {
     if constexpr (F::e8m0_scales) {
-      // (s_lane counts 8-byte units here)
       const uint2 sc = reinterpret_cast<const uint2*>(ss + s_row * (T::n_chunks * kSChunkInt4))[s_lane];
       F::e8m0_pairs(sc.x, sc.y, sp);
     } else {
