@@ -76,6 +76,8 @@ class MarlinWeight:
     max_par: int = DEFAULT_MAX_PAR
     _views: tuple[DeviceArray, DeviceArray, DeviceArray] = field(init=False, repr=False)
     _device: int = field(init=False, repr=False)
+    # (m, n, thread_k, thread_n, sms) of calls that passed validate_w4a16 (see _check_problem).
+    _checked: set = field(init=False, repr=False, compare=False, default_factory=set)
 
     def __post_init__(self) -> None:
         entry = "MarlinWeight"
@@ -261,6 +263,27 @@ def _run(
         lib.check(entry, code, {"m": m, "n": n, "k": weight.k, "group_size": weight.group_size, "expert": expert})
 
 
+_CHECKED_PER_WEIGHT = 64  # distinct call shapes remembered; more (varying prefill lengths) start over
+
+
+def _check_problem(entry: str, weight: MarlinWeight, m: int, n: int, thread_k: Any = -1, thread_n: Any = -1,
+                   sms: Any = -1) -> None:
+    """``validate_w4a16`` of a call on ``weight``, once per call shape: its
+    scalar rules were a third of a small call's host time. Only plain ``int``
+    tuning arguments are remembered (a bool or NumPy integer equals an int as
+    a key but not under the rules, so it is checked every time)."""
+    plain = type(thread_k) is int and type(thread_n) is int and type(sms) is int
+    key = (m, n, thread_k, thread_n, sms)
+    if plain and key in weight._checked:
+        return
+    validate_w4a16(W4A16Problem(m, n, weight.k, weight.group_size, -1, thread_k, thread_n, sms, weight.max_par),
+                   entry)
+    if plain:
+        if len(weight._checked) >= _CHECKED_PER_WEIGHT:
+            weight._checked.clear()
+        weight._checked.add(key)
+
+
 def _activations(entry: str, a: Any, weight: MarlinWeight) -> DeviceArray:
     view = as_device_array(a, "a")
     check_array(entry, "a", view, np.float16, ndim=2)
@@ -306,7 +329,7 @@ def marlin_gemm(
         fail(f"{entry}: weight stacks {weight.num_experts} experts; use marlin_gemm_with_offset")
     a_view = _activations(entry, a, weight)
     m = a_view.shape[0]
-    validate_w4a16(W4A16Problem(m, weight.n, weight.k, weight.group_size, -1, thread_k, thread_n, sms, weight.max_par), entry)
+    _check_problem(entry, weight, m, weight.n, thread_k, thread_n, sms)
     _check_device(entry, "a", a, a_view, weight)
     out, c_view = _output(entry, out, a, a_view, (m, weight.n), weight._device)
     _check_device(entry, "out", out, c_view, weight)
@@ -331,7 +354,7 @@ def marlin_gemm_with_offset(
     _check_expert_spans(entry, weight, expert, expert_n)
     a_view = _activations(entry, a, weight)
     m = a_view.shape[0]
-    validate_w4a16(W4A16Problem(m, expert_n, weight.k, weight.group_size, max_par=weight.max_par), entry)
+    _check_problem(entry, weight, m, expert_n)
     _check_device(entry, "a", a, a_view, weight)
     out, c_view = _output(entry, out, a, a_view, (m, expert_n), weight._device)
     _check_device(entry, "out", out, c_view, weight)
@@ -372,7 +395,7 @@ def marlin_gemm_with_offset_strided(
              f"of {expert_n} need {(out_row_offset + m) * expert_n}")
     if c_view.readonly:
         fail(f"{entry}: out is read-only")
-    validate_w4a16(W4A16Problem(m, expert_n, weight.k, weight.group_size, max_par=weight.max_par), entry)
+    _check_problem(entry, weight, m, expert_n)
     _check_device(entry, "a", a, a_view, weight)
     _check_device(entry, "out", out, c_view, weight)
     if m == 0:

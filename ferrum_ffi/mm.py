@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from typing import Mapping
+from typing import Any, Mapping
 
 from ._abi import FERRUM_MM_LAUNCH_VERSION
 from ._native import FerrumMarlinLaunch, library
@@ -109,13 +109,30 @@ def build_launch(problem: MmProblem, buffers: MmBuffers, device: int, stream: in
     return launch
 
 
-def call_marlin_mm(problem: MmProblem, buffers: MmBuffers, device: int, stream: int, entry: str = MM_ENTRY) -> None:
+def call_marlin_mm(problem: MmProblem, buffers: MmBuffers, device: int, stream: int,
+                   entry: str = MM_ENTRY) -> FerrumMarlinLaunch:
     """Fill the struct and call the library (no checks: the caller made them);
-    a failure raises NativeError under ``entry``, the caller's name."""
+    a failure raises NativeError under ``entry``, the caller's name. Returns
+    the struct (a template for :func:`relaunch_marlin_mm`)."""
     launch = build_launch(problem, buffers, device, stream)
     lib = library()
     code = lib.ferrum_marlin_mm(ctypes.byref(launch))
     if code:  # the shape report is built only for a failure
+        lib.check(entry, code, problem.shape)
+    return launch
+
+
+def relaunch_marlin_mm(lib: Any, template: FerrumMarlinLaunch, a: int, c: int, bias: int, problem: MmProblem,
+                       entry: str) -> None:
+    """``template`` (a launch that passed every rule) again with other a, c
+    and bias pointers, which the caller checked. A copy per call: another
+    thread may relaunch the same template while the library reads this one."""
+    launch = FerrumMarlinLaunch.from_buffer_copy(template)
+    launch.a = a
+    launch.c = c
+    launch.bias = bias or None
+    code = lib.ferrum_marlin_mm(ctypes.byref(launch))
+    if code:
         lib.check(entry, code, problem.shape)
 
 

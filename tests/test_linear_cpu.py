@@ -260,6 +260,110 @@ def test_kept_plans_are_bounded(lib):
     assert [f["m"] for f in lib.launches] == list(range(1, 100))
 
 
+# ---- launches kept per plan and stream ---------------------------------------------------------
+
+
+@pytest.fixture
+def full_checks(monkeypatch):
+    """Counts the calls that take the full pointer checks (not a kept launch)."""
+    from ferrum_ffi import general_gemm
+
+    calls = []
+    checked = general_gemm.validate_mm_buffers
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return checked(*args, **kwargs)
+
+    monkeypatch.setattr(general_gemm, "validate_mm_buffers", counting)
+    return calls
+
+
+def pointer(array) -> int:
+    return array.__cuda_array_interface__["data"][0]
+
+
+def test_a_kept_launch_fills_in_only_the_callers_pointers(lib, full_checks):
+    w = weight(WeightType.U4, 64, act_order=True, bf16=True)
+    calls = [(bf16_cai((3, K)), bf16_cai((N,)), bf16_cai((3, N))) for _ in range(4)]
+    for x, bias, out in calls:
+        ff.linear(x, w, bias=bias, out=out, fp32_reduce=True, stream=9)
+    # the first call allocates the scratch and keeps its launch; the others fill it in
+    assert len(full_checks) == 1 and len(lib.launches) == 4
+    kept = lib.launches[0]
+    for (x, bias, out), f in zip(calls[1:], lib.launches[1:]):
+        assert (f["a"], f["c"], f["bias"]) == (pointer(x), pointer(out), pointer(bias))
+        assert {k: v for k, v in f.items() if k not in ("a", "c", "bias")} == {
+            k: v for k, v in kept.items() if k not in ("a", "c", "bias")}
+    # the workspace is still zeroed on the stream before every launch
+    zeroing = (kept["workspace"], 0, kept["workspace_bytes"], 9)
+    assert lib.memsets[-4:] == [zeroing] * 4
+    ff.linear(bf16_cai((3, K)), w, fp32_reduce=True, stream=9)  # no bias: a null bias pointer
+    assert lib.launches[-1]["bias"] == 0 and len(full_checks) == 1
+
+
+def test_kept_launches_are_per_stream_and_mode(lib, full_checks):
+    w = weight()
+    for _ in range(3):
+        for stream in (5, 6):
+            for fp32_reduce in (False, True):
+                ff.linear(x16(4), w, stream=stream, fp32_reduce=fp32_reduce)
+    streams = [(f["stream"], bool(f["flags"] & FERRUM_MM_FLAG_FP32_REDUCE)) for f in lib.launches]
+    assert streams == [(5, False), (5, True), (6, False), (6, True)] * 3
+    workspaces = {f["stream"]: f["workspace"] for f in lib.launches[:4]}
+    assert workspaces[5] != workspaces[6]
+    assert all(f["workspace"] == workspaces[f["stream"]] for f in lib.launches)
+    assert len(full_checks) < len(lib.launches)
+
+
+def test_a_kept_launch_goes_with_the_scratch(lib, full_checks):
+    w = weight()
+    for _ in range(3):
+        ff.linear(x16(4), w)
+    checked, first = len(full_checks), lib.launches[-1]["workspace"]
+    ff.release_scratch()
+    ff.linear(x16(4), w)
+    assert len(full_checks) == checked + 1 and lib.launches[-1]["workspace"] != first
+    # a larger request on the stream replaces the workspace: no launch names the old one
+    for _ in range(2):
+        ff.linear(x16(4), w)
+    ff.linear(x16(4), w, sms=SMS * 4)
+    ff.linear(x16(4), w)
+    assert lib.launches[-1]["workspace"] == lib.launches[-2]["workspace"] != first
+
+
+def test_a_kept_launch_still_checks_every_array(lib, full_checks):
+    w = weight()
+    for _ in range(3):
+        ff.linear(x16(4), w, bias=FakeCAI((N,), "<f2"), out=FakeCAI((4, N), "<f2"))
+    launched = len(lib.launches)
+    rejects(r"x pointer 0x[0-9a-f]+ must be 16-byte aligned", x=x16(4, ptr=0x10008), weight=w)
+    rejects(r"x: __cuda_array_interface__ data pointer is NULL", x=x16(4, ptr=0), weight=w)
+    rejects(r"out must have shape \(4, 128\)", out=FakeCAI((4, N + 64), "<f2"), weight=w)
+    rejects(r"out is read-only", out=FakeCAI((4, N), "<f2", readonly=True), weight=w)
+    rejects(r"bias pointer 0x[0-9a-f]+ must be 16-byte aligned", bias=FakeCAI((N,), "<f2", ptr=0x20004), weight=w)
+    rejects(r"bias must have dtype float16", ArgumentTypeError, bias=FakeCAI((N,), "<f4"), weight=w)
+    assert len(lib.launches) == launched
+
+
+def test_profiling_options_take_the_full_path(lib, full_checks, monkeypatch):
+    from ferrum_ffi import general_gemm, profile
+
+    w = weight()
+    for _ in range(3):
+        ff.linear(x16(4), w)
+    checked = len(full_checks)
+    monkeypatch.setattr(general_gemm.profile, "runtime_config",
+                        lambda: profile.RuntimeConfig(trace_shapes=True, trace_shapes_max=0))
+    ff.linear(x16(4), w)
+    assert len(full_checks) == checked + 1
+    memsets = len(lib.memsets)
+    monkeypatch.setattr(general_gemm.profile, "runtime_config", lambda: profile.RuntimeConfig(skip_ws_zero=True))
+    for _ in range(3):
+        ff.linear(x16(4), w)
+    assert len(lib.memsets) == memsets and len(full_checks) == checked + 1  # kept, and not zeroed
+
+
 def test_x_on_another_device_is_rejected(lib, monkeypatch):
     from ferrum_ffi import general_gemm
 

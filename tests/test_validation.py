@@ -602,6 +602,32 @@ def test_marlin_gemm_rejects_bad_launch_options(weight, kwargs, match):
         ferrum_ffi.marlin_gemm(FakeCAI((4, K)), weight, out=FakeCAI((4, N)), **kwargs)
 
 
+def test_marlin_gemm_remembers_only_shapes_that_passed(on_device_zero, monkeypatch):
+    from .mm_fakes import FakeLibrary
+
+    class Recording(FakeLibrary):
+        def marlin_cuda(self, *args):
+            self.launches.append(args)
+            return 0
+
+    lib = Recording()
+    monkeypatch.setattr(dense, "library", lambda: lib)
+    weight = make_weight()
+    for _ in range(2):
+        ferrum_ffi.marlin_gemm(FakeCAI((4, K)), weight, out=FakeCAI((4, N)), sms=1)
+    assert weight._checked == {(4, N, -1, -1, 1)} and len(lib.launches) == 2
+    for sms, exc in ((True, ArgumentTypeError), (1.0, ArgumentTypeError), (0, ArgumentError)):
+        with pytest.raises(exc, match=r"marlin_gemm: sms"):
+            ferrum_ffi.marlin_gemm(FakeCAI((4, K)), weight, out=FakeCAI((4, N)), sms=sms)
+    with pytest.raises(ArgumentError, match=r"marlin_gemm: \(thread_k, thread_n\)=\(64, 64\)"):
+        ferrum_ffi.marlin_gemm(FakeCAI((4, K)), weight, out=FakeCAI((4, N)), thread_k=64, thread_n=64)
+    with pytest.raises(ArgumentError, match=r"marlin_gemm: a pointer 0x[0-9a-f]+ must be 16-byte aligned"):
+        ferrum_ffi.marlin_gemm(FakeCAI((4, K), ptr=0x10008), weight, out=FakeCAI((4, N)), sms=1)
+    ferrum_ffi.marlin_gemm(FakeCAI((4, K)), weight, out=FakeCAI((4, N)), sms=np.int64(1))  # checked, not kept
+    assert weight._checked == {(4, N, -1, -1, 1)} and len(lib.launches) == 3
+    assert [args[13] for args in lib.launches] == [1, 1, 1]  # the sms argument of marlin_cuda
+
+
 def test_marlin_gemm_rejects_activations_on_another_device(monkeypatch, weight):
     monkeypatch.setattr(dense, "device_of", lambda obj, array: 1)
     with pytest.raises(ArgumentError, match=r"marlin_gemm: a is on device 1, the weight on device 0"):
