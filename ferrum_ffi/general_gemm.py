@@ -3,7 +3,9 @@
 The path of one call: read the arrays and the stream (``_interop``), check
 every rule (``validation``), take the cached per-(device, stream) scratch
 (``_scratch``), zero the lock workspace, then fill the launch struct and call
-``ferrum_marlin_mm`` (``mm``), whose status becomes a NativeError.
+``ferrum_marlin_mm`` (``mm``), whose status becomes a NativeError. A call
+shape's launch that passed every rule is kept per stream (``_KeptLaunch``):
+later calls check their arrays and fill in only their pointers.
 """
 
 from __future__ import annotations
@@ -252,8 +254,6 @@ def linear(
         )
     with profile.timed(lib, handle, "kernel", config):
         launch = call_marlin_mm(problem, buffers, device, handle, ENTRY)
-    if launch is not None:
-        arrays = (scratch.workspace.array, scratch.c_tmp.array, scratch.a_tmp.array)
-        kept = _KeptLaunch(launch, arrays, buffers.workspace, buffers.workspace_bytes)
-        keep_plan(plan, handle, kept, generation)
+    arrays = (scratch.workspace.array, scratch.c_tmp.array, scratch.a_tmp.array)
+    keep_plan(plan, handle, _KeptLaunch(launch, arrays, buffers.workspace, buffers.workspace_bytes), generation)
     return out
