@@ -2,10 +2,11 @@
 
 The path of one call: read the arrays and the stream (``_interop``), check
 every rule (``validation``), take the cached per-(device, stream) scratch
-(``_scratch``), zero the lock workspace, then fill the launch struct and call
-``ferrum_marlin_mm`` (``mm``), whose status becomes a NativeError. A call
-shape's launch that passed every rule is kept per stream (``_KeptLaunch``):
-later calls check their arrays and fill in only their pointers.
+(``_scratch``: its lock workspace is zeroed when allocated, and every kernel
+leaves it zero), then fill the launch struct and call ``ferrum_marlin_mm``
+(``mm``), whose status becomes a NativeError. A call shape's launch that
+passed every rule is kept per stream (``_KeptLaunch``): later calls check
+their arrays and fill in only their pointers.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ._interop import DeviceArray, as_device_array
 from ._native import FerrumMarlinLaunch, library
 from ._scratch import keep_plan, plan_generation, plans_of, release_scratch, scratch_for
 from .mm import call_marlin_mm, relaunch_marlin_mm, resolved_sms
-from .status import ArgumentTypeError
+from .status import ArgumentTypeError, NativeError
 from .validation import (
     MmBuffers,
     MmProblem,
@@ -94,9 +95,20 @@ def _kept_launch(plan: _Plan, handle: int, config: profile.RuntimeConfig) -> _Ke
     return None if kept is None else kept.get(handle)
 
 
+def _relaunch(lib: Any, kept: _KeptLaunch, a: int, c: int, bias: int, problem: MmProblem, handle: int) -> None:
+    try:
+        relaunch_marlin_mm(lib, kept.template, a, c, bias, problem, ENTRY)
+    except NativeError:
+        _zero_workspace(lib, kept.workspace, kept.workspace_bytes, handle)
+        raise
+
+
 def _zero_workspace(lib: Any, workspace: int, nbytes: int, handle: int) -> None:
-    # The kernel leaves the locks zero, but a failed launch may not.
-    lib.check("ferrum_marlin_memset_async", lib.ferrum_marlin_memset_async(workspace, 0, nbytes, handle))
+    """After a failed launch: every kernel leaves the locks zero, so linear()
+    zeroes them only when it cannot tell what a failure left (best effort: a
+    failure that poisoned the context fails the memset too, and the launch's
+    error is what the caller sees)."""
+    lib.ferrum_marlin_memset_async(workspace, 0, nbytes, handle)
 
 
 def _replayable(ptr: int) -> bool:
@@ -212,9 +224,7 @@ def linear(
     lib = library()
     kept = _kept_launch(plan, handle, config)
     if kept is not None and _replayable(a) and _replayable(c) and (bias_view is None or _replayable(bias_ptr)):
-        if config.zero_workspace:
-            _zero_workspace(lib, kept.workspace, kept.workspace_bytes, handle)
-        relaunch_marlin_mm(lib, kept.template, a, c, bias_ptr, problem, ENTRY)
+        _relaunch(lib, kept, a, c, bias_ptr, problem, handle)
         return out
     generation = plan_generation()
     device = weight.device
@@ -243,17 +253,18 @@ def linear(
         bias=bias_ptr,
     )
     validate_mm_buffers(problem, buffers, sm_count, ENTRY, spans=spans)
-    if config.zero_workspace:
-        with profile.timed(lib, handle, "ws_zero", config):
-            _zero_workspace(lib, buffers.workspace, buffers.workspace_bytes, handle)
     if config.trace_shapes:  # its fields are built only when they are printed
         profile.trace_shape(
             config, entry=ENTRY, m=m, n=weight.n, k=weight.k, gs=weight.group_size, lda=lda,
             a_type=weight.a_type.name, b_type=weight.b_type.name, flags=f"{problem.flags:#x}",
             a_ptr=buffers.a, b_ptr=buffers.b, c_ptr=buffers.c, s_ptr=buffers.b_scales, ws_ptr=buffers.workspace,
         )
-    with profile.timed(lib, handle, "kernel", config):
-        launch = call_marlin_mm(problem, buffers, device, handle, ENTRY)
+    try:
+        with profile.timed(lib, handle, "kernel", config):
+            launch = call_marlin_mm(problem, buffers, device, handle, ENTRY)
+    except NativeError:
+        _zero_workspace(lib, buffers.workspace, buffers.workspace_bytes, handle)
+        raise
     arrays = (scratch.workspace.array, scratch.c_tmp.array, scratch.a_tmp.array)
     keep_plan(plan, handle, _KeptLaunch(launch, arrays, buffers.workspace, buffers.workspace_bytes), generation)
     return out

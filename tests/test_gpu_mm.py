@@ -356,17 +356,17 @@ def _workspace(cp, stream_handle: int):
 
 
 @pytest.mark.parametrize("fp32_reduce", [False, True])
-def test_the_kernel_leaves_the_workspace_zero(cp, monkeypatch, fp32_reduce):
-    from ferrum_ffi import profile
-
-    # No zeroing before the calls: only the kernel can keep the locks at zero.
-    monkeypatch.setattr(profile, "runtime_config", lambda: profile.RuntimeConfig(skip_ws_zero=True))
-    weight = cached_weight(cp, "U4B8", "f16", 128, True)
+@pytest.mark.parametrize("b_type, dtype_name, group_size, act_order",
+                         [("U4B8", "f16", 128, True), ("U4", "bf16", 64, False), ("U8B128", "f16", -1, False),
+                          ("FE4M3FN", "bf16", 128, False)])
+def test_the_kernel_leaves_the_workspace_zero(cp, b_type, dtype_name, group_size, act_order, fp32_reduce):
+    # linear() zeroes the locks only when it allocates them: every kernel must leave them zero.
+    weight = cached_weight(cp, b_type, dtype_name, group_size, act_order)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         for m in (1, 17, 255, 1024, 3):
             out, ref = run(cp, weight, m, stream=stream, fp32_reduce=fp32_reduce, seed=m)
-            assert relative_l2(out, ref) < TOLERANCE[F16]
+            assert relative_l2(out, ref) < TOLERANCE[weight.dtype]
     stream.synchronize()
     assert int(cp.count_nonzero(_workspace(cp, stream.ptr))) == 0
 
