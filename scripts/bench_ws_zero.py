@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""GPU time of a ``linear`` call inside a CUDA graph, with and without one more
-lock-workspace memset before it: what a memset node costs on the stream (``linear``
-issues one before every call unless FERRUM_MARLIN_SKIP_WS_ZERO=1; NOTES, session 41).
-20 calls per graph, L2 flushed before each replay, CUDA events, median of 25 replays,
-both variants twice in alternation.
+"""GPU time of a ``linear`` call inside a CUDA graph, with and without a lock-workspace
+memset before it: what the memset node that ``linear`` issued before every call until
+session 42 cost (it now zeroes the workspace only when allocating it and after a failed
+launch; NOTES). 20 calls per graph, L2 flushed before each replay, CUDA events, median
+of 25 replays, both variants twice in alternation.
 
 Usage: python scripts/bench_ws_zero.py  (needs CuPy and a CUDA device)
 """
