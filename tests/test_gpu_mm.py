@@ -316,6 +316,21 @@ def test_channelwise_short_slabs_with_biased_activations(cp, b_type, dtype_name,
     assert relative_l2(ff.linear(x, weight, fp32_reduce=True), ref) < limit
 
 
+@pytest.mark.parametrize("magnitude", [3e4, 1e-12])
+@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("group_size", [-1, 32, 128])
+@pytest.mark.parametrize("b_type", ["U4", "U4B8"])
+def test_bf16_int4_keeps_large_and_tiny_activations(cp, b_type, group_size, m, magnitude):
+    # Short bf16 INT4 slabs multiply bare code images (q 2^-133, q 2^-129)
+    # by activations scaled by 2^64 / 2^60 (formats.cuh): outlier-sized
+    # activations must not overflow that scaling and tiny ones must keep
+    # their products in fp32's normal range.
+    weight = make_weight(b_type, BF16, group_size, False, seed=23)
+    x_host = (activations(m, weight.k, np.float32, seed=24) * magnitude).astype(BF16)
+    ref = reference_product(cp, x_host, weight.reference_dequant())
+    assert relative_l2(ff.linear(to_device(cp, x_host), weight), ref) < TOLERANCE[BF16]
+
+
 @pytest.mark.parametrize("tile", [(128, 128), (64, 256), (128, 64), (128, 256)])
 @pytest.mark.parametrize("b_type", ["U4", "U4B8", "U8B128", "FE4M3FN"])
 @pytest.mark.parametrize("dtype_name", DTYPES)

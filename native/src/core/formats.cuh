@@ -93,6 +93,16 @@ struct Format {
   // once, instead of one multiply by 2^126 per code pair.
   static constexpr uint32_t kImageActScale = W == WType::FE2M1 ? 0x5f805f80u : 0u;  // 2^64
   static constexpr float kImageAccUnit = W == WType::FE2M1 ? 0x1p62f : 1.f;
+  // bf16 INT4 on the 8-warp kernel's image path: bare images (see bare()).
+  // Their activations' k and k+8 halves are scaled by 2^64 and 2^60 (exact
+  // while |a| < 2^64, as MXFP4's), so every product is a q 2^-69, in fp32's
+  // normal range, and the column's end multiplies by 2^69 once.
+  static constexpr bool bare_images = bf16 && (W == WType::U4B8 || W == WType::U4);
+  static constexpr uint32_t kBareActScaleLo = 0x5f805f80u;  // 2^64
+  static constexpr uint32_t kBareActScaleHi = 0x5d805d80u;  // 2^60
+  static constexpr float kBareAccUnit = 0x1p69f;
+  // The offset E that zero_pair() adds to a zero point (128 in bf16).
+  static constexpr float kZeroPairOffset = bf16 ? 128.f : 1024.f;
 
   // {E + z(c), E + z(c+8)} of tile t from the lane's zero-point word (nibbles
   // z0 z2 z4 z6 z1 z3 z5 z7, z_j for column c + 8j).
@@ -148,6 +158,32 @@ struct Format {
       f.r[1] = fp8_odd(w[1] << 8);
       f.r[3] = fp8_odd(w[1]);
     }
+  }
+
+  // Bare images of bf16 INT4 codes: each nibble alone, read as bf16 bits
+  // whose exponent field is 0 or 1 (subnormals and the first binade share one
+  // step, 2^-133), is q 2^-133 at bits 0..3 and q 2^-129 in place at bits
+  // 4..7 -- exact and linear in q, so the high nibbles need no shift and no
+  // FMA (the fp16 U4B8 form, which bf16's 7-bit mantissa cannot hold under
+  // an exponent). Registers 0 and 1 (rows k, k+1) take the low positions, 2
+  // and 3 (rows k+8, k+9) the high ones: the activations' halves carry the
+  // factor 16 between them (kBareActScaleLo / Hi).
+  __device__ static void bare(const uint32_t* w, Frag16x16& f) {
+    static_assert(bare_images, "bf16 INT4 only");
+    const uint32_t high = w[0] >> 8;
+    f.r[0] = w[0] & 0x000f000fu;
+    f.r[2] = w[0] & 0x00f000f0u;
+    f.r[1] = high & 0x000f000fu;
+    f.r[3] = high & 0x00f000f0u;
+  }
+
+  // The correction fragment of bare images in their units (rows k, k+1:
+  // 2^-133, rows k+8, k+9: 2^-129): -8 for U4B8, -1 for U4 (weighed by each
+  // column's zero point in fp32, see fold_images).
+  __device__ static Frag16x16 bare_correction() {
+    static_assert(bare_images, "bf16 INT4 only");
+    if constexpr (W == WType::U4B8) return Frag16x16{{0x80088008u, 0x80088008u, 0x80808080u, 0x80808080u}};
+    return Frag16x16{{0x80018001u, 0x80018001u, 0x80108010u, 0x80108010u}};
   }
 
   // The constant fragment whose product with the activations removes the
@@ -311,7 +347,8 @@ __device__ __forceinline__ void dequant_row_groups(const uint32_t* w, const uint
 // zero points weighed per column by E + z) and applies the window's scale
 // pairs (tile t: columns c, c + 8; F::N::kOne pairs where the epilogue scales).
 // CorrectionInPartials: the partials started from the correction products.
-template <class F, int M8, bool CorrectionInPartials = false>
+// Bare: F::bare() images, whose zero-point weight is z, not E + z.
+template <class F, int M8, bool CorrectionInPartials = false, bool Bare = false>
 __device__ __forceinline__ void fold_images(float (&acc)[4][M8][4], const float (&part)[4][M8][4],
                                             const float (&corr)[M8][4], const uint32_t (&scale_pairs)[4],
                                             uint32_t zero_word) {
@@ -322,7 +359,13 @@ __device__ __forceinline__ void fold_images(float (&acc)[4][M8][4], const float 
   for (int t = 0; t < 4; ++t) {
     const float2 s = F::N::to_float2(scale_pairs[t]);
     [[maybe_unused]] float2 ez;
-    if constexpr (F::zero_points) ez = F::N::to_float2(F::zero_pair(zero_word, t));  // E + z
+    if constexpr (F::zero_points) {
+      ez = F::N::to_float2(F::zero_pair(zero_word, t));  // E + z
+      if constexpr (Bare) {
+        ez.x -= F::kZeroPairOffset;
+        ez.y -= F::kZeroPairOffset;
+      }
+    }
 #pragma unroll
     for (int j = 0; j < M8; ++j)
 #pragma unroll

@@ -544,6 +544,8 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
   // or two steps for groups shorter than the tile); taller slabs are tensor-core
   // bound and multiply exact, scaled fragments once, as do row groups.
   constexpr bool kImages = T::m8 <= 2 && !T::wgmma && !kRowGroups;
+  constexpr float kImageAccUnit = F::bare_images ? F::kBareAccUnit : F::kImageAccUnit;
+  auto image_correction = [] { if constexpr (F::bare_images) return F::bare_correction(); else return F::correction(); };
   int image_a_base = 0;  // see b_lane
   if constexpr (kImages) {
     image_a_base = activation_base(G == Groups::StagedShort ? warp_k * T::rows_per_warp : warp_k);
@@ -598,6 +600,10 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
               bf[j][0] = N::mul(bf[j][0], F::kImageActScale);
               bf[j][1] = N::mul(bf[j][1], F::kImageActScale);
             }
+            if constexpr (F::bare_images) {
+              bf[j][0] = N::mul(bf[j][0], F::kBareActScaleLo);
+              bf[j][1] = N::mul(bf[j][1], F::kBareActScaleHi);
+            }
           }
         };
         // One window per stage and one correction for every column (no zero
@@ -606,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
         constexpr bool kCorrectionFirst = !kPerRow && F::const_correction;
         [[maybe_unused]] uint32_t bf_all[kCorrectionFirst ? T::rows_per_warp : 1][T::m8][2];
         if constexpr (kCorrectionFirst) {
-          const Frag16x16 cc = F::correction();
+          const Frag16x16 cc = image_correction();
 #pragma unroll
           for (int rr = 0; rr < T::rows_per_warp; ++rr) {
             activations(row0 + rr * row_stride, bf_all[rr]);
@@ -629,7 +635,12 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
           weight_words(sb, row, w);
           Frag16x16 f[4], fx[4];
 #pragma unroll
-          for (int t = 0; t < 4; ++t) F::images(w + t * F::words, f[t], fx[t]);
+          for (int t = 0; t < 4; ++t) {
+            if constexpr (F::bare_images)
+              F::bare(w + t * F::words, f[t]);
+            else
+              F::images(w + t * F::words, f[t], fx[t]);
+          }
           uint32_t bf[T::m8][2];
           if constexpr (kCorrectionFirst) {
 #pragma unroll
@@ -643,7 +654,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
 #pragma unroll
           for (int j = 0; j < T::m8; ++j) {
             if constexpr (kCorrection && !kCorrectionFirst) {
-              const Frag16x16 cc = F::correction();
+              const Frag16x16 cc = image_correction();
               if (open)
                 ptx::mma_16816_zero<kBf16>(corr[j], cc.r, bf[j][0], bf[j][1]);
               else
@@ -664,7 +675,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
             // Channelwise scales wait for the epilogue.
             uint32_t sp[4] = {N::kOne, N::kOne, N::kOne, N::kOne};
             if (grouped) scale_pairs(ss, s_row, sp);
-            fold_images<F, T::m8, kCorrectionFirst>(acc, part, corr, sp, zero_word(sz, s_row));
+            fold_images<F, T::m8, kCorrectionFirst, F::bare_images>(acc, part, corr, sp, zero_word(sz, s_row));
           }
         }
       }
@@ -708,7 +719,7 @@ __global__ void __launch_bounds__(kThreads, T::min_blocks) gemm_kernel(const Arg
               const int n_local = warp_n * 64 + 16 * t + (lane >> 2) + 8 * (e >> 1);
               const int m_local = 8 * j + 2 * (lane & 3) + (e & 1);
               float* dst = sh_red + m_local * T::red_stride + n_local;
-              const float v = kImages ? acc[t][j][e] * F::kImageAccUnit : acc[t][j][e];
+              const float v = kImages ? acc[t][j][e] * kImageAccUnit : acc[t][j][e];
               *dst = kw == 0 ? v : *dst + v;
             }
       }
